@@ -1,0 +1,229 @@
+"""Build a tiny, random, complete Clef release (same files as a real one) for tests and the demo.
+
+    python -m clef_head.tiny OUT [--seed N] [--layout release|fp8]
+
+The backbone is a real ``Qwen3_5ForConditionalGeneration`` (hybrid Gated DeltaNet + full attention)
+with sizes that vLLM's CPU kernels accept; the tokenizer is a byte-level BPE with Qwen's special
+tokens; the head has non-zero gates so the joint path matters. Everything is random: a marker file
+says so. The same seed gives the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE
+from clef_head.encoder import NOUL_DEFAULTS, PROMPT_HEAD, PROMPT_TAIL
+from clef_head.head import HeadConfig, JointSchemaHead
+
+RANDOM_MARKER = "RANDOM_WEIGHTS.txt"
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+THINK_TOKENS = ("<think>", "</think>")
+VOCAB_SIZE = 1024
+TINY_HEAD = HeadConfig(hidden_size=128, width=64, routing_layers=2, layers=2, heads=4, feedforward=128)
+# Text the tokenizer's merges are learned from: the prompt scaffolding and common JSON.
+_MERGE_CORPUS = [
+    PROMPT_HEAD,
+    PROMPT_TAIL,
+    "\n\nSCHEMA FIELDS:\n\nFIELD 1\nID: urgency\nTYPE: score\nINSTRUCTION: \nALLOWED OPTIONS:\n",
+    'OPTION 1: {"description":"The answer","option_id":"true"}\nEND FIELD\n',
+    *NOUL_DEFAULTS.values(),
+    '{"customer":{"message":"I was charged twice, please help","plan":"pro","tickets":[1,2,3]}}',
+    "the of and to in is that for it with as was on be at by this have from or one had not but what",
+    "noul choice score true false yes no low medium high urgent billing refund spam tone calm angry",
+    "0123456789 {}[]:,\"' .-_/",
+]
+
+
+@dataclass(frozen=True)
+class TinyRelease:
+    """Where a tiny release was written and which layout it uses."""
+
+    path: Path
+    layout: str
+
+
+def build_tokenizer(out: Path) -> object:
+    """Train a small byte-level BPE with Qwen's special tokens and save it in ``out``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(THINK_TOKENS) - 16,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        special_tokens=[],
+    )
+    tokenizer.train_from_iterator(_MERGE_CORPUS * 4, trainer=trainer)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    assert tokenizer.get_vocab_size() <= VOCAB_SIZE
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=32768,
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+    )
+    return fast
+
+
+def _backbone_config(token_id: dict[str, int]) -> object:
+    from transformers import Qwen3_5Config
+
+    text = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=TINY_HEAD.hidden_size,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        full_attention_interval=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+        eos_token_id=token_id["<|im_end|>"],
+        pad_token_id=token_id["<|endoftext|>"],
+        bos_token_id=None,
+        dtype="bfloat16",
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        in_channels=3,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=TINY_HEAD.hidden_size,
+        num_position_embeddings=64,
+    )
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=token_id["<|image_pad|>"],
+        video_token_id=token_id["<|video_pad|>"],
+        vision_start_token_id=token_id["<|vision_start|>"],
+        vision_end_token_id=token_id["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    return config
+
+
+def random_head(config: HeadConfig, seed: int) -> JointSchemaHead:
+    """A randomly initialised head whose scalar gates are non-zero."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    head = JointSchemaHead.from_config(config)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            if parameter.dim() >= 1:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        head.prior_logit_scale.fill_(0.7)
+        head.joint_logit_scale.fill_(1.2)
+        head.residual_gate.fill_(0.4)
+    return head
+
+
+def save_head(head: JointSchemaHead, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write ``joint_head_config.json`` and ``joint_head.safetensors`` into ``folder``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.to(dtype).contiguous() for name, tensor in head.state_dict().items()}
+    save_file(state, str(folder / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / HEAD_CONFIG_FILE).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
+
+
+def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") -> TinyRelease:
+    """Write a complete random release to ``out``; ``layout`` places the head (release: root, fp8: clef_head/)."""
+    from transformers import (
+        Qwen2VLImageProcessor,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
+
+    if layout not in ("release", "fp8"):
+        raise ValueError(f"layout must be 'release' or 'fp8', got {layout!r}")
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(path)
+    token_id = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(_backbone_config(token_id)).to(torch.bfloat16).eval()
+    with torch.no_grad():  # non-trivial norm weights: a wrong norm convention must show up in tests
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.add_(torch.randn(parameter.shape) * 0.1)
+    model.save_pretrained(path)
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        tokenizer=tokenizer,
+        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    processor.save_pretrained(path)
+    head_folder = path / HEAD_SUBFOLDER if layout == "fp8" else path
+    save_head(random_head(TINY_HEAD, seed), head_folder)
+    (path / RANDOM_MARKER).write_text(
+        f"Random weights (seed {seed}), built by clef_head.tiny. Not a trained Clef model: "
+        "its answers carry no meaning.\n"
+    )
+    return TinyRelease(path=path, layout=layout)
+
+
+def is_random_release(model_dir: str | Path) -> bool:
+    """True when ``model_dir`` carries the random-weights marker."""
+    return (Path(model_dir) / RANDOM_MARKER).is_file()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m clef_head.tiny OUT [--seed N] [--layout release|fp8]``."""
+    parser = argparse.ArgumentParser(prog="python -m clef_head.tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder to write the release into")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layout", choices=("release", "fp8"), default="release")
+    args = parser.parse_args(argv)
+    release = build_tiny_release(args.out, seed=args.seed, layout=args.layout)
+    print(f"tiny random release ({release.layout} layout) written to {release.path}")
+
+
+if __name__ == "__main__":
+    main()

