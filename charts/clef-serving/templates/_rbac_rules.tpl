@@ -1,0 +1,47 @@
+{{/* Rules on cluster-scoped resources, needed whatever the namespace scoping. */}}
+{{- define "clef-serving.clusterRules" -}}
+# Eligibility: GPU nodes, grouped by pool, with their GPU Feature Discovery labels.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+# kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if .Values.operator.watchNamespaces }}
+# kopf: notice the watched namespaces appear or go.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- else if .Values.peering.enabled }}
+# kopf: cluster-wide peering between operator replicas.
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
+{{- end }}
+
+{{/* Rules on namespaced resources: in a ClusterRole when cluster-wide, else in a Role per namespace. */}}
+{{- define "clef-serving.namespacedRules" -}}
+# The ClefDecisions it reconciles: kopf's finalizer and progress annotations, and the status.
+- apiGroups: [clef-serving.io]
+  resources: [clefdecisions]
+  verbs: [get, list, watch, patch]
+- apiGroups: [clef-serving.io]
+  resources: [clefdecisions/status]
+  verbs: [get, patch]
+# One InferenceService per eligible node pool.
+- apiGroups: [serving.kserve.io]
+  resources: [inferenceservices]
+  verbs: [get, list, watch, create, patch, delete]
+# Kubernetes Events for each decision.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if and .Values.peering.enabled .Values.operator.watchNamespaces }}
+# kopf: peering between operator replicas in each watched namespace.
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
+{{- end }}
