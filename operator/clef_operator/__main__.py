@@ -1,0 +1,60 @@
+"""``python -m clef_operator``: run the operator (kopf) with namespace scoping, liveness and peering."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+DEFAULT_PEERING = "clef-operator"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m clef_operator``."""
+    parser = argparse.ArgumentParser(prog="python -m clef_operator", description=__doc__)
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch ClefDecisions in this namespace (repeatable; globs allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch ClefDecisions in every namespace (the default)")
+    parser.add_argument("--liveness-port", type=int, default=8080,
+                        help="port of the liveness endpoint GET /healthz (0 disables it)")
+    parser.add_argument("--liveness-host", default="0.0.0.0", help="address the liveness endpoint binds to")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--peering", default=DEFAULT_PEERING, metavar="NAME",
+                         help="kopf peering object shared by replicas: only the highest priority one works")
+    peering.add_argument("--standalone", action="store_true",
+                         help="no peering: for a single replica (or local development)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority; default: random per process, so replicas never tie")
+    parser.add_argument("--verbose", action="store_true", help="log more")
+    parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the operator until it is stopped."""
+    args = build_parser().parse_args(argv)
+    if args.liveness_port < 0 or args.liveness_port > 65535:
+        build_parser().error("--liveness-port must be between 0 and 65535")
+    import clef_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    liveness = f"http://{args.liveness_host}:{args.liveness_port}/healthz" if args.liveness_port else None
+    priority = args.priority if args.priority is not None else random.randint(1, 2**31 - 1)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=liveness,
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=priority,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

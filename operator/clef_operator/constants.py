@@ -1,0 +1,49 @@
+"""Names shared by the CRD, the builders and the handlers: API coordinates, labels, annotations."""
+
+from __future__ import annotations
+
+# The ClefDecision custom resource.
+GROUP = "clef-serving.io"
+VERSION = "v1alpha1"
+PLURAL = "clefdecisions"
+KIND = "ClefDecision"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# KServe's InferenceService.
+KSERVE_GROUP = "serving.kserve.io"
+KSERVE_VERSION = "v1beta1"
+KSERVE_PLURAL = "inferenceservices"
+KSERVE_API_VERSION = f"{KSERVE_GROUP}/{KSERVE_VERSION}"
+KSERVE_DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+KSERVE_CONTAINER_NAME = "kserve-container"
+
+# Labels and annotations the operator puts on the InferenceServices it owns.
+DECISION_LABEL = f"{GROUP}/decision"
+POOL_LABEL = f"{GROUP}/pool"
+POOL_ANNOTATION = f"{GROUP}/pool"
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+MANAGED_BY = "clef-operator"
+
+# Well-known node labels naming a node's pool, tried in this order when spec.nodePools.labelKey is unset.
+POOL_LABEL_KEYS: tuple[str, ...] = (
+    "cloud.google.com/gke-nodepool",  # GKE
+    "eks.amazonaws.com/nodegroup",  # EKS managed node groups
+    "kubernetes.azure.com/agentpool",  # AKS
+    "karpenter.sh/nodepool",  # Karpenter
+)
+
+# NVIDIA GPU Feature Discovery labels and the device plugin's resource name.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_FAMILY_LABEL = "nvidia.com/gpu.family"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_COMPUTE_MAJOR_LABEL = "nvidia.com/gpu.compute.major"
+GPU_COMPUTE_MINOR_LABEL = "nvidia.com/gpu.compute.minor"
+
+# The smallest compute capability with FP8 tensor cores (Ada); Hopper is 9.0, Blackwell 10.0/12.0.
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+# The predictor's contract: port and the warm-up-gated model endpoint.
+PREDICTOR_PORT = 8080
+MODEL_DIR = "/mnt/models"

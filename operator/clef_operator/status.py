@@ -1,0 +1,156 @@
+"""Pure builders of the ClefDecision's status: per-pool entries and the three conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from clef_operator.pools import PoolDecision
+
+NODE_POOLS_ELIGIBLE = "NodePoolsEligible"
+PREDICTORS_READY = "PredictorsReady"
+READY = "Ready"
+KSERVE_NOT_INSTALLED = "KServeNotInstalled"
+INVALID_SPEC = "InvalidSpec"
+
+
+def inferenceservice_ready(isvc: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """Whether an InferenceService's Ready condition is True, and otherwise why not."""
+    if isvc is None:
+        return False, "not created yet"
+    for condition in (isvc.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            if condition.get("status") == "True":
+                return True, ""
+            why = condition.get("message") or condition.get("reason") or f"Ready={condition.get('status')}"
+            return False, str(why)
+    return False, "no Ready condition yet"
+
+
+def build_pool_status(
+    decision: PoolDecision,
+    *,
+    isvc_name: str | None,
+    isvc: Mapping[str, Any] | None,
+    conflict: str | None = None,
+) -> dict[str, Any]:
+    """One status.pools[] entry: eligibility with its reason, the GPU found, and the predictor's state."""
+    entry: dict[str, Any] = {
+        "name": decision.pool.name,
+        "labelKey": decision.pool.label_key,
+        "nodes": len(decision.pool.nodes),
+        "eligible": decision.eligible,
+        "reason": decision.reason,
+        "message": decision.message,
+        "gpu": decision.gpu.as_status(),
+        "ready": False,
+    }
+    if not decision.eligible:
+        return entry
+    entry["inferenceService"] = isvc_name
+    if conflict is not None:
+        entry["predictorMessage"] = conflict
+        return entry
+    ready, why = inferenceservice_ready(isvc)
+    entry["ready"] = ready
+    if not ready:
+        entry["predictorMessage"] = why
+    url = ((isvc or {}).get("status") or {}).get("url")
+    if url:
+        entry["url"] = url
+    return entry
+
+
+def _condition(
+    kind: str, status: str, reason: str, message: str, previous: Sequence[Mapping[str, Any]], now: str
+) -> dict[str, Any]:
+    before = next((c for c in previous if c.get("type") == kind), None)
+    changed = before is None or before.get("status") != status
+    since = now if changed or not before.get("lastTransitionTime") else before["lastTransitionTime"]
+    return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+
+
+def _names(pools: Iterable[Mapping[str, Any]]) -> str:
+    return ", ".join(str(pool["name"]) for pool in pools)
+
+
+def build_status(
+    *,
+    generation: int | None,
+    pools: list[dict[str, Any]],
+    unpooled: Sequence[str] = (),
+    kserve_installed: bool = True,
+    invalid_spec: str | None = None,
+    previous: Mapping[str, Any] | None = None,
+    now: str,
+) -> dict[str, Any]:
+    """The whole status: pools, ready/total counts, conditions, observedGeneration.
+
+    Ready is True only when at least one pool is eligible and every eligible pool's
+    InferenceService reports Ready=True. ``lastTransitionTime`` only moves when a condition flips.
+    """
+    before = list((previous or {}).get("conditions") or [])
+    eligible = [pool for pool in pools if pool["eligible"]]
+    ready = [pool for pool in eligible if pool["ready"]]
+    if invalid_spec is not None:
+        pools_cond = ("Unknown", INVALID_SPEC, "the spec does not validate")
+        predictors_cond = ("Unknown", INVALID_SPEC, "the spec does not validate")
+        ready_cond = ("False", INVALID_SPEC, invalid_spec)
+    else:
+        pools_cond = _pools_condition(pools, eligible, unpooled)
+        predictors_cond = _predictors_condition(eligible, ready, kserve_installed)
+        if pools_cond[0] == "True" and predictors_cond[0] == "True":
+            ready_cond = ("True", READY, f"{len(ready)}/{len(eligible)} predictors ready")
+        else:
+            blocking = pools_cond if pools_cond[0] != "True" else predictors_cond
+            ready_cond = ("False", blocking[1], blocking[2])
+    status: dict[str, Any] = {
+        "pools": pools,
+        "readyPools": len(ready),
+        "eligiblePools": len(eligible),
+        "poolsReady": f"{len(ready)}/{len(eligible)}",
+        "conditions": [
+            _condition(NODE_POOLS_ELIGIBLE, *pools_cond, before, now),
+            _condition(PREDICTORS_READY, *predictors_cond, before, now),
+            _condition(READY, *ready_cond, before, now),
+        ],
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def _pools_condition(
+    pools: Sequence[Mapping[str, Any]], eligible: Sequence[Mapping[str, Any]], unpooled: Sequence[str]
+) -> tuple[str, str, str]:
+    if not pools:
+        extra = f" ({len(unpooled)} GPU nodes carry no pool label: {', '.join(unpooled)})" if unpooled else ""
+        return "False", "NoGPUNodePools", f"no GPU node pools found{extra}"
+    ineligible = [pool for pool in pools if not pool["eligible"]]
+    details = "; ".join(f"{pool['name']}: {pool['message']}" for pool in ineligible)
+    if not eligible:
+        return "False", "NoEligiblePools", f"none of {len(pools)} GPU node pools is eligible: {details}"
+    message = f"{len(eligible)} of {len(pools)} GPU node pools eligible: {_names(eligible)}"
+    if ineligible:
+        message += f"; not eligible: {details}"
+    return "True", "EligiblePoolsFound", message
+
+
+def _predictors_condition(
+    eligible: Sequence[Mapping[str, Any]], ready: Sequence[Mapping[str, Any]], kserve_installed: bool
+) -> tuple[str, str, str]:
+    if not kserve_installed:
+        return "False", KSERVE_NOT_INSTALLED, (
+            "the InferenceService resource (serving.kserve.io/v1beta1) is not served by this cluster; "
+            "install KServe, the operator retries with backoff"
+        )
+    if not eligible:
+        return "False", "NoPredictors", "no eligible node pool, so no InferenceService"
+    if len(ready) == len(eligible):
+        return "True", "AllPredictorsReady", f"{len(ready)}/{len(eligible)} InferenceServices ready"
+    waiting = "; ".join(
+        f"{pool.get('inferenceService')} ({pool.get('predictorMessage', 'not ready')})"
+        for pool in eligible
+        if not pool["ready"]
+    )
+    return "False", "PredictorsNotReady", f"{len(ready)}/{len(eligible)} InferenceServices ready; waiting for {waiting}"
