@@ -3,8 +3,8 @@
 
 The chart in charts/clef-serving is the one source of truth: this script runs `helm template` with
 the default values, a fixed release name and namespace, and writes the objects into numbered files
-that `kubectl apply -f manifests/` applies in order (namespace, CRDs, access, operator). Files under
-manifests/examples/ are hand-written and left alone.
+that `kubectl apply -f manifests/` applies in order (namespace, CRDs, access, peering, operator).
+Files under manifests/examples/ are hand-written and left alone.
 
     scripts/render_manifests.py            # rewrite manifests/
     scripts/render_manifests.py --check    # exit 1 with a diff when manifests/ is out of date
@@ -44,8 +44,9 @@ metadata:
 FILE_OF_SOURCE = {
     "templates/serviceaccount.yaml": "02-rbac.yaml",
     "templates/rbac.yaml": "02-rbac.yaml",
-    "templates/deployment.yaml": "03-operator.yaml",
-    "templates/servingruntime.yaml": "04-servingruntime.yaml",
+    "templates/peering.yaml": "03-peering.yaml",
+    "templates/deployment.yaml": "04-operator.yaml",
+    "templates/servingruntime.yaml": "05-servingruntime.yaml",
 }
 SOURCE_LINE = re.compile(r"^# Source: clef-serving/(?P<path>\S+)$", re.MULTILINE)
 
@@ -78,13 +79,16 @@ def output_file(source: str) -> str:
 def split_documents(rendered: str) -> dict[str, list[str]]:
     """Group the rendered YAML documents by output file, keeping helm's text (and comments) as is."""
     files: dict[str, list[str]] = {"00-namespace.yaml": [NAMESPACE_DOC]}
+    source = None
     for doc in re.split(r"^---\s*$", rendered, flags=re.MULTILINE):
         if not doc.strip():
             continue
         match = SOURCE_LINE.search(doc)
-        if match is None:
+        # helm marks each chart file once: later documents of a multi-document file have no mark.
+        source = match["path"] if match else source
+        if source is None:
             raise ValueError(f"rendered document without a '# Source:' line:\n{doc}")
-        files.setdefault(output_file(match["path"]), []).append(doc.strip("\n") + "\n")
+        files.setdefault(output_file(source), []).append(doc.strip("\n") + "\n")
     return files
 
 

@@ -14,10 +14,10 @@
   resources: [namespaces]
   verbs: [list, watch]
 {{- else if .Values.peering.enabled }}
-# kopf: cluster-wide peering between operator replicas.
+# kopf: keep-alives in the cluster-wide peering object.
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 {{- end }}
 {{- end }}
 
@@ -39,9 +39,9 @@
   resources: [events]
   verbs: [create]
 {{- if and .Values.peering.enabled .Values.operator.watchNamespaces }}
-# kopf: peering between operator replicas in each watched namespace.
+# kopf: keep-alives in the peering object of each watched namespace.
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 {{- end }}
 {{- end }}

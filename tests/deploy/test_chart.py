@@ -1,0 +1,216 @@
+"""The Helm chart: lint, values schema, rendered objects, labels, operator pod hardening, RBAC scoping."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, run_helm
+from tests.deploy.conftest import Render
+
+STANDARD_LABELS = (
+    "helm.sh/chart",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+)
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterServingRuntime"}
+
+
+def kinds_and_names(objects: list[dict[str, Any]]) -> set[tuple[str, str, str | None]]:
+    """(kind, name, namespace) of each object."""
+    return {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objects}
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The only object of a kind."""
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+@pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
+def test_helm_lint_strict(values: list) -> None:
+    args = ["lint", "--strict", str(CHART)] + [arg for path in values for arg in ("--values", str(path))]
+    done = run_helm(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["operator.replicas=two"], "/operator/replicas"),
+        (["operator.imageTag=1"], "additional properties 'imageTag' not allowed"),
+        (["servingRuntime.kind=InferenceService"], "/servingRuntime/kind"),
+        (["operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
+        (["servingRuntime.gpus=0"], "/servingRuntime/gpus"),
+        (["operator.replicas=2"], "needs peering.enabled=true"),
+        (["serviceAccount.create=false"], "serviceAccount.name is required"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(sets: list[str], message: str) -> None:
+    args = ["template", RELEASE, str(CHART)] + [arg for item in sets for arg in ("--set", item)]
+    done = run_helm(*args)
+    assert done.returncode != 0, f"helm accepted {sets}"
+    assert message in done.stderr, done.stderr
+
+
+def test_default_release_objects(rendered_default: list[dict[str, Any]]) -> None:
+    assert kinds_and_names(rendered_default) == {
+        ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
+        ("ServiceAccount", "clef-serving", NAMESPACE),
+        ("ClusterRole", "clef-serving-operator-cluster", None),
+        ("ClusterRoleBinding", "clef-serving-operator-cluster", None),
+        ("Deployment", "clef-serving-operator", NAMESPACE),
+    }
+
+
+def test_all_on_release_objects(rendered_all_on: list[dict[str, Any]]) -> None:
+    assert kinds_and_names(rendered_all_on) == {
+        ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
+        ("ServiceAccount", "clef-operator-sa", NAMESPACE),
+        ("ClusterRole", "clef-serving-all-on-operator-cluster", None),
+        ("ClusterRoleBinding", "clef-serving-all-on-operator-cluster", None),
+        ("Role", "clef-serving-all-on-operator", "team-a"),
+        ("RoleBinding", "clef-serving-all-on-operator", "team-a"),
+        ("Role", "clef-serving-all-on-operator", "team-b"),
+        ("RoleBinding", "clef-serving-all-on-operator", "team-b"),
+        ("Deployment", "clef-serving-all-on-operator", NAMESPACE),
+        ("ServingRuntime", "clef-runtime", NAMESPACE),
+    }
+
+
+def test_cluster_serving_runtime_is_cluster_scoped(render: Render) -> None:
+    runtime = one(render(sets=["servingRuntime.enabled=true"]), "ClusterServingRuntime")
+    assert runtime["metadata"]["name"] == "clef-serving-predictor"
+    assert "namespace" not in runtime["metadata"]
+
+
+@pytest.mark.parametrize("fixture", ["rendered_default", "rendered_all_on"])
+def test_scoping_and_standard_labels(fixture: str, request: pytest.FixtureRequest) -> None:
+    for obj in request.getfixturevalue(fixture):
+        meta = obj["metadata"]
+        where = f"{obj['kind']} {meta['name']}"
+        assert ("namespace" in meta) == (obj["kind"] not in CLUSTER_SCOPED), where
+        if obj["kind"] == "CustomResourceDefinition":
+            continue  # crds/ is not templated: helm installs it as written
+        labels = meta.get("labels", {})
+        assert [key for key in STANDARD_LABELS if key not in labels] == [], where
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_operator_pod_is_hardened_and_probed(rendered_default: list[dict[str, Any]]) -> None:
+    pod = one(rendered_default, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] >= 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    ctx = container["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    (port,) = [p for p in container["ports"] if p["name"] == probe["port"]]
+    assert f"--liveness-port={port['containerPort']}" in container["args"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def test_operator_args_follow_namespace_scoping(
+    rendered_default: list[dict[str, Any]], rendered_all_on: list[dict[str, Any]]
+) -> None:
+    default = one(rendered_default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert default["args"] == ["--all-namespaces", "--liveness-port=8080"]
+    assert one(rendered_default, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    all_on = one(rendered_all_on, "Deployment")
+    args = all_on["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["--namespace=team-a", "--namespace=team-b", "--liveness-port=9090"]
+    assert "--all-namespaces" not in args
+    assert all_on["spec"]["replicas"] == 2
+
+
+def test_operator_gets_the_predictor_image(rendered_default: list[dict[str, Any]]) -> None:
+    container = one(rendered_default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["CLEF_PREDICTOR_IMAGE"] == "ghcr.io/clef-serving/clef-predictor:0.1.0"
+    assert container["image"] == "ghcr.io/clef-serving/clef-operator:0.1.0"
+
+
+def test_bindings_name_the_operator_service_account(rendered_all_on: list[dict[str, Any]]) -> None:
+    account = one(rendered_all_on, "ServiceAccount")["metadata"]["name"]
+    deployment = one(rendered_all_on, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in rendered_all_on}
+    bindings = [o for o in rendered_all_on if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        assert (ref["kind"], ref["name"], namespace) in roles, ref
+
+
+def test_existing_service_account_without_rbac(render: Render) -> None:
+    objects = render(sets=["serviceAccount.create=false", "serviceAccount.name=platform-sa", "rbac.create=false"])
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment"}
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "platform-sa"
+
+
+def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[str, Any]]) -> None:
+    runtime = one(rendered_all_on, "ServingRuntime")
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == "kserve-container"
+    assert container["image"] == "registry.example.com/clef/clef-predictor:0.1.0-test"
+    assert container["args"] == [
+        "--model-dir=/mnt/models",
+        "--model-name={{.Name}}",
+        "--engine=vllm",
+        "--dp=2",
+        "--max-model-len=4096",
+        "--http_port=8080",
+        "--log-level=debug",
+    ]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v1/models/{{.Name}}"
+    assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
+    assert runtime["spec"]["volumes"][0]["emptyDir"]["medium"] == "Memory"
+
+
+def render_notes(tmp_path: pathlib.Path, values: list[pathlib.Path]) -> str:
+    """NOTES.txt as `helm install` would print it (helm renders it only against a live cluster).
+
+    A copy of the chart wraps NOTES.txt in a named template and a ConfigMap that `helm template` renders.
+    """
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = chart / "templates" / "NOTES.txt"
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "notes" -}}\n' + notes.read_text() + "{{- end }}\n")
+    notes.unlink()
+    (chart / "templates" / "notes-check.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        '  notes: |\n    {{- include "notes" . | nindent 4 }}\n'
+    )
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/notes-check.yaml"]
+    done = run_helm(*args, *[arg for path in values for arg in ("--values", str(path))])
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["data"]["notes"]
+
+
+def test_notes_describe_the_release(tmp_path: pathlib.Path) -> None:
+    default = render_notes(tmp_path / "default", [])
+    assert 'installed as release "clef-serving" in namespace "clef-system"' in default
+    assert "every namespace" in default
+    assert "kubectl -n clef-system get deploy clef-serving-operator" in default
+    assert "ServingRuntime" not in default
+    all_on = render_notes(tmp_path / "all-on", [ALL_ON_VALUES])
+    assert "these namespaces: team-a, team-b" in all_on
+    assert 'ServingRuntime "clef-runtime"' in all_on
