@@ -1,0 +1,38 @@
+"""Fixtures for the operator's integration tests: the cluster emulator and a client for it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import kmock
+import pytest
+import pytest_asyncio
+
+from tests.operator.emulator import ClusterEmulator
+from tests.operator.harness import KSERVE_CRD, Cluster, clef_crd, write_kubeconfig
+
+
+@pytest_asyncio.fixture
+async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ClusterEmulator]:
+    """A cluster emulator serving built-in kinds and the ClefDecision CRD, with $KUBECONFIG aimed at it."""
+    async with ClusterEmulator() as emu, kmock.Server(emu):
+        emu.resources.load_bundled()
+        emu.add_crd(clef_crd())
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", str(emu.url).rstrip("/"))))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.setenv("CLEF_RETRY_BASE_SECONDS", "0.2")
+        yield emu
+
+
+@pytest.fixture
+def cluster(emulator: ClusterEmulator) -> Cluster:
+    """A test-side client of the emulator, with KServe installed."""
+    emulator.add_crd(KSERVE_CRD)
+    return Cluster(emulator)
+
+
+@pytest.fixture
+def bare_cluster(emulator: ClusterEmulator) -> Cluster:
+    """A test-side client of the emulator, without KServe."""
+    return Cluster(emulator)

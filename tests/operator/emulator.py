@@ -1,0 +1,169 @@
+"""A thin test-side subclass of kmock's KubernetesEmulator that kopf and kubectl can work against.
+
+It adds what the bare emulator lacks: server-set metadata (uid, resourceVersion, generation,
+creationTimestamp, names from generateName), 422 for a failed JSON-patch ``test``, status-subresource isolation, ``kind: XList``
+on lists, a correct core ``/api/v1`` discovery, discovery entries from CRD manifests, and
+background garbage collection of owner-referenced objects. It also maps every request it served
+to the RBAC (apiGroup, resource, verb) it needs, for comparing with the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import enums, references, rendering
+
+_DISCOVERY_PREFIXES = ("/api", "/apis", "/version", "/openapi", "/healthz")
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """KubernetesEmulator plus the server-side behaviour kopf relies on."""
+
+    _versions: Iterable[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def add_crd(self, crd: Mapping[str, Any]) -> None:
+        """Serve a CustomResourceDefinition's versions in discovery (as if the API server registered it)."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            info = self.resources[f"{spec['group']}/{version['name']}/{names['plural']}"]
+            info.kind = names["kind"]
+            info.singular = names.get("singular", names["kind"].lower())
+            info.namespaced = spec["scope"] == "Namespaced"
+            info.verbs = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+            info.shortnames = set(names.get("shortNames", []))
+            info.categories = set(names.get("categories", []))
+            info.subresources = set((version.get("subresources") or {}).keys())
+
+    def served_requests(self) -> list[tuple[str, str]]:
+        """Every request served so far as (METHOD, path?query)."""
+        return [(str(r.method.value), str(r.url.path_qs)) for r in self._requests]
+
+    def rbac_requests(self) -> set[tuple[str, str, str]]:
+        """The (apiGroup, resource[/subresource], verb) triples the served requests need."""
+        return rbac_triples(self._requests)
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and request.action is not None:
+            async with self._lock:
+                self._prepare(request)
+        response = await super()._handle(request)
+        if request.resource is not None and request.action in (enums.action.DELETE, enums.action.UPDATE):
+            await self._collect_garbage()
+        return response
+
+    def _prepare(self, request: rendering.Request) -> None:
+        """Stamp server-set metadata into the request's payload and enforce JSON-patch tests."""
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        version = str(next(self._versions))  # type: ignore[call-overload]
+        data = request.data
+        if request.action == enums.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=version, creationTimestamp=now, generation=1)
+            return
+        if request.action != enums.action.UPDATE or request.name is None:
+            return
+        key = (request.resource, request.namespace, request.name)
+        current = self._objects[key] if key in self._objects else None
+        if current is None or current.deleted:
+            return
+        raw = current.raw
+        generation = int(raw.get("metadata", {}).get("generation", 1))
+        has_status = "status" in self._subresources(request.resource)
+        if isinstance(data, list):
+            try:
+                jsonpatch.apply_patch(raw, data, in_place=False)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as exc:
+                message = f"testing value failed: test failed: {exc}"
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=message) from None
+            if request.subresource is None and any(op.get("path", "").startswith("/spec") for op in data):
+                data.append({"op": "add", "path": "/metadata/generation", "value": generation + 1})
+            data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+        elif isinstance(data, dict):
+            if request.subresource == "status":
+                for field in [k for k in data if k != "status"]:
+                    del data[field]
+            elif has_status:
+                data.pop("status", None)
+            if request.subresource is None and "spec" in data and data["spec"] != raw.get("spec"):
+                data.setdefault("metadata", {})["generation"] = generation + 1
+            data.setdefault("metadata", {})["resourceVersion"] = version
+
+    def _subresources(self, resource: references.resource) -> set[str]:
+        for known in self.resources:
+            if known == resource:
+                return set(self.resources[known].subresources)
+        return set()
+
+    async def _collect_garbage(self) -> None:
+        """Delete (or mark for deletion) objects whose every owner is gone, like the background GC."""
+        async with self._lock:
+            live = {obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted}
+            for (resource, _, _), obj in list(self._objects.items()):
+                if obj.deleted:
+                    continue
+                owners = obj.raw.get("metadata", {}).get("ownerReferences") or []
+                if not owners or any(ref.get("uid") in live for ref in owners):
+                    continue
+                if obj.raw["metadata"].get("finalizers"):
+                    if not obj.raw["metadata"].get("deletionTimestamp"):
+                        obj.patch({"metadata": {"deletionTimestamp": datetime.datetime.now(datetime.UTC).isoformat()}})
+                        await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
+                    continue
+                raw = obj.raw
+                obj.delete()
+                await self._buses[resource].put({"type": "DELETED", "object": raw})
+
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and str(payload.get("groupVersion", "")).startswith("/"):
+            payload["groupVersion"] = payload["groupVersion"].lstrip("/")
+        return payload
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        payload = await super()._serve_list(request)
+        assert request.resource is not None
+        info = next((self.resources[r] for r in self.resources if r == request.resource), None)
+        if isinstance(payload, dict) and info is not None and info.kind:
+            group_version = "/".join(p for p in (request.resource.group, request.resource.version) if p)
+            payload.update(kind=f"{info.kind}List", apiVersion=group_version)
+            payload["metadata"] = {"resourceVersion": str(next(self._versions))}  # type: ignore[call-overload]
+        return payload
+
+
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update"}
+
+
+def rbac_triples(requests: Iterable[rendering.Request]) -> set[tuple[str, str, str]]:
+    """Map API requests to the (apiGroup, resource[/subresource], verb) each needs in RBAC terms.
+
+    Discovery and other non-resource paths (/api, /apis, /version) are left out: every
+    authenticated user may read them (the built-in ``system:discovery`` role).
+    """
+    triples: set[tuple[str, str, str]] = set()
+    for request in requests:
+        if request.resource is None or not request.resource.plural:
+            continue
+        method = str(request.method.value)
+        if method == "GET":
+            verb = "watch" if request.params.get("watch") in ("true", "1") else "get" if request.name else "list"
+        elif method == "DELETE":
+            verb = "delete" if request.name else "deletecollection"
+        elif method in _VERBS:
+            verb = _VERBS[method]
+        else:
+            continue
+        plural = request.resource.plural
+        resource = f"{plural}/{request.subresource}" if request.subresource else plural
+        triples.add((request.resource.group or "", resource, verb))
+    return triples

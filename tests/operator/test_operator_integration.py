@@ -1,0 +1,138 @@
+"""The real operator over HTTP against the cluster emulator: pools, readiness, updates, restarts, cleanup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
+
+NS = "ml"
+DECISION = "clef"
+H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
+L4 = dict(product="NVIDIA-L4", family="ada-lovelace", major=8, minor=9)
+A100 = dict(product="NVIDIA-A100-SXM4-80GB", family="ampere", major=8, minor=0)
+B200 = dict(product="NVIDIA-B200", family="blackwell", major=10, minor=0)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def decision(**spec: Any) -> dict[str, Any]:
+    """A ClefDecision in namespace ``ml``."""
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": DECISION, "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"}, **spec},
+    }
+
+
+async def isvc_names(cluster: Cluster) -> list[str]:
+    """Names of the InferenceServices in the namespace."""
+    return sorted(item["metadata"]["name"] for item in await cluster.items(ISVCS.format(ns=NS)))
+
+
+async def status(cluster: Cluster) -> dict[str, Any]:
+    """The ClefDecision's status."""
+    return (await cluster.get(f"{DECISIONS.format(ns=NS)}/{DECISION}")).get("status") or {}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    """One condition of a status."""
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+async def seed_three_pools(cluster: Cluster) -> None:
+    """An H100 pool (2 nodes), an L4 pool and an A100 pool."""
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(NODES, gpu_node("h100-b", "h100-pool", **H100))
+    await cluster.create(NODES, gpu_node("l4-a", "l4-pool", gpus=4, **L4))
+    await cluster.create(NODES, gpu_node("a100-a", "a100-pool", **A100))
+    await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-a"}})
+
+
+async def mark_ready(cluster: Cluster, name: str) -> None:
+    """Let KServe report an InferenceService Ready (via its status subresource)."""
+    await cluster.merge(f"{ISVCS.format(ns=NS)}/{name}/status", {"status": {
+        "url": f"http://{name}.{NS}.example.com",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }})
+
+
+async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
+    await seed_three_pools(cluster)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator():
+        assert await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        current = await eventually(lambda: _when(status(cluster), lambda s: len(s.get("pools", [])) == 3))
+        pools = {pool["name"]: pool for pool in current["pools"]}
+        assert pools["a100-pool"]["eligible"] is False
+        assert pools["a100-pool"]["reason"] == "ComputeCapabilityTooLow"
+        assert pools["a100-pool"]["gpu"] == {"count": 8, "product": "NVIDIA-A100-SXM4-80GB", "family": "ampere",
+                                             "computeCapability": "8.0"}
+        assert pools["h100-pool"]["nodes"] == 2 and pools["h100-pool"]["inferenceService"] == "clef-h100-pool"
+        assert condition(current, "NodePoolsEligible")["status"] == "True"
+        assert condition(current, "Ready")["status"] == "False"
+        assert current["poolsReady"] == "0/2"
+
+        isvc = await cluster.get(f"{ISVCS.format(ns=NS)}/clef-l4-pool")
+        predictor = isvc["spec"]["predictor"]
+        assert predictor["nodeSelector"] == {"cloud.google.com/gke-nodepool": "l4-pool"}
+        owner = isvc["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("ClefDecision", DECISION, True)
+
+        # A new pool's nodes appear: a third InferenceService.
+        await cluster.create(NODES, gpu_node("b200-a", "b200-pool", **B200))
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-b200-pool", "clef-h100-pool", "clef-l4-pool"]))
+
+        # A pool's nodes vanish: its InferenceService goes.
+        await cluster.delete(f"{NODES}/b200-a")
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+
+        # Readiness: the pool, then the ClefDecision only once every eligible pool is Ready.
+        await mark_ready(cluster, "clef-h100-pool")
+        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("readyPools") == 1))
+        pools = {pool["name"]: pool for pool in current["pools"]}
+        assert pools["h100-pool"]["ready"] is True and pools["h100-pool"]["url"].startswith("http://clef-h100-pool")
+        assert pools["l4-pool"]["ready"] is False
+        assert condition(current, "Ready")["status"] == "False"
+        assert condition(current, "PredictorsReady")["reason"] == "PredictorsNotReady"
+        await mark_ready(cluster, "clef-l4-pool")
+        current = await eventually(lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True"))
+        assert current["poolsReady"] == "2/2"
+
+        # A spec change updates the children in place.
+        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"predictor": {"maxModelLen": 4096}}})
+
+        async def updated() -> bool:
+            items = await cluster.items(ISVCS.format(ns=NS))
+            return len(items) == 2 and all(
+                "4096" in item["spec"]["predictor"]["containers"][0]["args"] for item in items
+            )
+
+        await eventually(updated)
+        expected_reasons = {"InferenceServiceCreated", "InferenceServiceDeleted", "InferenceServiceUpdated",
+                            "PoolEligible", "PoolIneligible", "PredictorsNotReady", "Ready"}
+
+        async def posted() -> bool:
+            events = await cluster.items(f"/api/v1/namespaces/{NS}/events")
+            return expected_reasons <= {event["reason"] for event in events}
+
+        await eventually(posted)
+
+        # Delete: no finalizer holds the ClefDecision; garbage collection removes the children.
+        await cluster.delete(f"{DECISIONS.format(ns=NS)}/{DECISION}")
+        await eventually(lambda: _equals(isvc_names(cluster), []))
+        creates = [path for method, path in cluster.emulator.served_requests()
+                   if method == "POST" and "inferenceservices" in path]
+    assert len(creates) == 3  # h100, l4, b200: never re-created
+
+
+async def _equals(value: Any, expected: Any) -> bool:
+    return (await value) == expected
+
+
+async def _when(value: Any, predicate: Any) -> Any:
+    result = await value
+    return result if predicate(result) else None
