@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -19,8 +20,21 @@ from pydantic import (
     field_validator,
 )
 
-# A description of an option or level: text, or a JSON object or array.
-Description = Union[str, dict[str, JsonValue], list[JsonValue]]
+
+
+def _description(value: Any) -> Any:
+    if not isinstance(value, (str, dict, list)):
+        raise ValueError("must be a string, a JSON object or a JSON array")
+    return value
+
+
+def _optional_description(value: Any) -> Any:
+    return None if value is None else _description(value)
+
+
+# A description (instructions, option or level): text, or a JSON object or array.
+Description = Annotated[Any, AfterValidator(_description)]
+OptionalDescription = Annotated[Any, AfterValidator(_optional_description)]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
 
 
@@ -60,15 +74,15 @@ class _Strict(BaseModel):
 class NoulCriteria(_Strict):
     """Optional descriptions of what counts as true and as false."""
 
-    true: Description | None = None
-    false: Description | None = None
+    true: OptionalDescription = None
+    false: OptionalDescription = None
 
 
 class NoulQuestion(_Strict):
     """A yes/no question or statement."""
 
     type: Literal["noul"]
-    instructions: Description | None = None
+    instructions: OptionalDescription = None
     criteria: NoulCriteria | None = None
 
 
@@ -76,8 +90,8 @@ class ChoiceQuestion(_Strict):
     """Pick one label of ``criteria`` (label → description or null)."""
 
     type: Literal["choice"]
-    instructions: Description | None = None
-    criteria: dict[str, Description | None]
+    instructions: OptionalDescription = None
+    criteria: dict[str, OptionalDescription]
 
     @field_validator("criteria")
     @classmethod
@@ -98,7 +112,7 @@ class ScoreQuestion(_Strict):
     """Rate on the levels of ``criteria`` (level index → description)."""
 
     type: Literal["score"]
-    instructions: Description | None = None
+    instructions: OptionalDescription = None
     criteria: list[Description]
 
     @field_validator("criteria")
