@@ -3,7 +3,7 @@
 # Eligibility: GPU nodes, grouped by pool, with their GPU Feature Discovery labels.
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 # kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
@@ -23,17 +23,22 @@
 
 {{/* Rules on namespaced resources: in a ClusterRole when cluster-wide, else in a Role per namespace. */}}
 {{- define "clef-serving.namespacedRules" -}}
-# The ClefDecisions it reconciles: kopf's finalizer and progress annotations, and the status.
+# The ClefDecisions it reconciles: kopf's progress annotations, and the status.
 - apiGroups: [clef-serving.io]
   resources: [clefdecisions]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [clef-serving.io]
   resources: [clefdecisions/status]
-  verbs: [get, patch]
+  verbs: [patch]
+# The InferenceServices' ownerReferences block their owner's deletion: where the API server enforces
+# owner-reference permissions (OwnerReferencesPermissionEnforcement), that needs this.
+- apiGroups: [clef-serving.io]
+  resources: [clefdecisions/finalizers]
+  verbs: [update]
 # One InferenceService per eligible node pool.
 - apiGroups: [serving.kserve.io]
   resources: [inferenceservices]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 # Kubernetes Events for each decision.
 - apiGroups: [""]
   resources: [events]

@@ -1,0 +1,222 @@
+"""The chart's RBAC against the API calls the operator really makes.
+
+The real operator (kopf, with peering as the chart deploys it) runs a short scenario against the
+cluster emulator of tests/operator: pools appear and vanish, a ClefDecision is created, changed and
+deleted, an InferenceService turns Ready. Every request it sends is mapped to the RBAC
+(apiGroup, resource, verb) it needs; each must be allowed by the rules the chart renders for that
+scoping (a ClusterRole, or Roles in the watched namespaces), and the chart must grant nothing the
+operator never uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import kopf
+from kmock._internal import parsing as kmock_parsing
+import pytest
+import pytest_asyncio
+
+from tests.deploy.chart import CHART, load_yaml_objects, render_chart
+from tests.operator.emulator import ClusterEmulator, rbac_triples
+from tests.operator.harness import (
+    DECISIONS,
+    ISVCS,
+    KSERVE_CRD,
+    NODES,
+    Cluster,
+    clef_crd,
+    eventually,
+    fast_settings,
+    gpu_node,
+    write_kubeconfig,
+)
+
+NS = "ml"
+H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
+A100 = dict(product="NVIDIA-A100-SXM4-80GB", family="ampere", major=8, minor=0)
+# Needed without a request of the operator's own: setting blockOwnerDeletion on the children's
+# ownerReferences (kopf.adopt) needs `update` on the owner's finalizers where the API server runs
+# the OwnerReferencesPermissionEnforcement admission plugin (e.g. OpenShift).
+GRANTED_FOR_ADMISSION = {("clef-serving.io", "clefdecisions/finalizers", "update")}
+
+Grant = tuple[str, str, str]
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def namespace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the emulator parse /api/v1/namespaces[/NAME] as the Namespace resource.
+
+    kmock 0.8 reads the segment after ``namespaces/`` as a namespace and fails on the bare
+    collection, which kopf lists and watches when it serves specific namespaces.
+    """
+    original = kmock_parsing.parse_path
+
+    def parse_path(path: str) -> kmock_parsing.ParsedPath:
+        parts = path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+            return kmock_parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None)
+        return original(path)
+
+    monkeypatch.setattr(kmock_parsing, "parse_path", parse_path)
+
+
+@pytest_asyncio.fixture
+async def emulator(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ClusterEmulator]:
+    """The emulator with built-in kinds, KServe's and our CRDs (kopf's peering ones included)."""
+    async with ClusterEmulator() as emu, kmock.Server(emu):
+        emu.resources.load_bundled()
+        emu.add_crd(clef_crd())
+        emu.add_crd(KSERVE_CRD)
+        for crd in load_yaml_objects(CHART / "crds" / "kopf-peering.yaml"):
+            emu.add_crd(crd)
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", str(emu.url).rstrip("/"))))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.setenv("CLEF_RETRY_BASE_SECONDS", "0.2")
+        yield emu
+
+
+def peering_path(obj: dict[str, Any]) -> str:
+    """The API path of a kopf peering object's collection."""
+    if obj["kind"] == "ClusterKopfPeering":
+        return "/apis/kopf.dev/v1/clusterkopfpeerings"
+    return f"/apis/kopf.dev/v1/namespaces/{obj['metadata']['namespace']}/kopfpeerings"
+
+
+@contextlib.asynccontextmanager
+async def operator_as_deployed(args: list[str]) -> AsyncIterator[None]:
+    """Run the operator in this event loop with the scoping and peering of the chart's container args."""
+    import clef_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
+    from clef_operator.__main__ import build_parser
+
+    options = build_parser().parse_args([arg for arg in args if not arg.startswith("--liveness-port")])
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(kopf.operator(
+        clusterwide=not options.namespace,
+        namespaces=options.namespace,
+        standalone=options.standalone,
+        peering_name=None if options.standalone else options.peering,
+        priority=100,
+        settings=fast_settings(),
+        memo=kopf.Memo(),
+        stop_flag=stop,
+        ready_flag=ready,
+    ))
+    await asyncio.wait_for(ready.wait(), timeout=10)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+async def run_scenario(cluster: Cluster) -> None:
+    """Pools appear and vanish; a ClefDecision is created, served, changed, then deleted."""
+    decisions = DECISIONS.format(ns=NS)
+    isvcs = ISVCS.format(ns=NS)
+
+    async def isvc_names() -> list[str]:
+        return sorted(item["metadata"]["name"] for item in await cluster.items(isvcs))
+
+    async def is_(expected: list[str]) -> bool:
+        return await isvc_names() == expected
+
+    async def all_updated() -> bool:
+        items = await cluster.items(isvcs)
+        return len(items) == 2 and all("4096" in i["spec"]["predictor"]["containers"][0]["args"] for i in items)
+
+    async def ready() -> bool:
+        status = (await cluster.get(f"{decisions}/clef")).get("status") or {}
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(NODES, gpu_node("a100-a", "a100-pool", **A100))
+    await cluster.create(decisions, {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": "clef", "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}},
+    })
+    await eventually(lambda: is_(["clef-h100-pool"]))
+    await cluster.create(NODES, gpu_node("l4-a", "l4-pool", product="NVIDIA-L4", major=8, minor=9, gpus=4))
+    await eventually(lambda: is_(["clef-h100-pool", "clef-l4-pool"]))
+    for name in ("clef-h100-pool", "clef-l4-pool"):
+        await cluster.merge(f"{isvcs}/{name}/status", {"status": {
+            "url": f"http://{name}.{NS}.example.com",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        }})
+    await eventually(ready)
+    await cluster.merge(f"{decisions}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
+    await eventually(all_updated)
+    await cluster.delete(f"{NODES}/l4-a")
+    await eventually(lambda: is_(["clef-h100-pool"]))
+    await cluster.delete(f"{decisions}/clef")
+    await eventually(lambda: is_([]))
+
+
+
+def operator_requests(emulator: ClusterEmulator) -> list[tuple[Grant, str | None]]:
+    """Each request the operator sent (not the test's own client) as (grant it needs, namespace)."""
+    found = []
+    for request in emulator:
+        if request.headers.get("User-Agent", "").startswith("kmock/"):
+            continue
+        for grant in rbac_triples([request]):
+            found.append((grant, request.namespace or None))
+    return found
+
+
+def expand(rules: list[dict[str, Any]]) -> set[Grant]:
+    """Every (apiGroup, resource, verb) a list of RBAC rules grants (no wildcards are allowed)."""
+    grants = set()
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
+        grants |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return grants
+
+
+def granted(objects: list[dict[str, Any]]) -> tuple[set[Grant], dict[str, set[Grant]]]:
+    """The grants of the rendered ClusterRole, and of the Role in each namespace."""
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    roles = {o["metadata"]["namespace"]: expand(o["rules"]) for o in objects if o["kind"] == "Role"}
+    return expand(cluster_role["rules"]), roles
+
+
+def operator_args(objects: list[dict[str, Any]]) -> list[str]:
+    """The operator container's args in the rendered Deployment."""
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [[], [f"operator.watchNamespaces={{{NS}}}"], ["peering.enabled=false"]],
+    ids=["cluster-wide", "one-namespace", "standalone"],
+)
+async def test_rbac_allows_every_call_and_nothing_more(emulator: ClusterEmulator, sets: list[str]) -> None:
+    objects = render_chart(sets=sets)
+    cluster = Cluster(emulator)
+    await cluster.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for peering in [o for o in objects if o["kind"] in ("ClusterKopfPeering", "KopfPeering")]:
+        await cluster.create(peering_path(peering), peering)
+    async with operator_as_deployed(operator_args(objects)):
+        await run_scenario(cluster)
+
+    cluster_grants, role_grants = granted(objects)
+    calls = operator_requests(emulator)
+    denied = sorted({
+        (grant, namespace) for grant, namespace in calls
+        if grant not in cluster_grants and grant not in role_grants.get(namespace or "", set())
+    }, key=str)
+    assert denied == [], f"the chart's RBAC does not allow these calls of the operator: {denied}"
+    used = {grant for grant, _ in calls}
+    unused = (cluster_grants | set().union(*role_grants.values())) - used - GRANTED_FOR_ADMISSION
+    assert unused == set(), f"the chart grants what the operator never uses: {sorted(unused)}"
