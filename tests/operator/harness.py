@@ -61,6 +61,7 @@ def fast_settings() -> kopf.OperatorSettings:
     settings.networking.error_backoffs = [0.1, 0.2, 0.5]
     settings.execution.default_backoff = 0.5
     settings.queueing.exit_timeout = 0.5
+    settings.queueing.idle_timeout = 0.5
     settings.persistence.consistency_timeout = 1.0
     return settings
 
@@ -146,7 +147,7 @@ async def running_operator(**kwargs: Any) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(kopf.operator(
         clusterwide=kwargs.pop("clusterwide", True),
         standalone=True,
-        settings=fast_settings(),
+        settings=kwargs.pop("settings", None) or fast_settings(),
         memo=kopf.Memo(),
         stop_flag=stop,
         ready_flag=ready,

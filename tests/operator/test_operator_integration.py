@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
+from tests.operator.harness import (
+    DECISIONS,
+    ISVCS,
+    NODES,
+    Cluster,
+    eventually,
+    fast_settings,
+    gpu_node,
+    running_operator,
+)
 
 NS = "ml"
 DECISION = "clef"
@@ -136,3 +145,88 @@ async def _equals(value: Any, expected: Any) -> bool:
 async def _when(value: Any, predicate: Any) -> Any:
     result = await value
     return result if predicate(result) else None
+
+
+async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> None:
+    from clef_operator.builders import build_inferenceservice
+    from clef_operator.pools import NodePool
+    from clef_operator.spec import parse_spec
+
+    await seed_three_pools(cluster)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator():
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+
+    # While the operator is down: a pool appears and the spec changes.
+    await cluster.create(NODES, gpu_node("b200-a", "b200-pool", **B200))
+    await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"gpusPerReplica": 2}})
+
+    async with running_operator():
+        expected = ["clef-b200-pool", "clef-h100-pool", "clef-l4-pool"]
+        await eventually(lambda: _equals(isvc_names(cluster), expected))
+
+        async def converged() -> bool:
+            items = await cluster.items(ISVCS.format(ns=NS))
+            return all("--dp" in (args := i["spec"]["predictor"]["containers"][0]["args"])
+                       and args[args.index("--dp") + 1] == "2" for i in items)
+
+        await eventually(converged)
+        await eventually(lambda: _when(status(cluster), lambda s: s.get("eligiblePools") == 3))
+
+    spec = parse_spec((await cluster.get(f"{DECISIONS.format(ns=NS)}/{DECISION}"))["spec"])
+    for item in await cluster.items(ISVCS.format(ns=NS)):
+        pool = item["metadata"]["annotations"]["clef-serving.io/pool"]
+        fresh = build_inferenceservice(decision=DECISION, namespace=NS, spec=spec,
+                                       pool=NodePool(pool, "cloud.google.com/gke-nodepool", ()))
+        assert item["spec"] == fresh["spec"]
+    creates = [path for method, path in cluster.emulator.served_requests()
+               if method == "POST" and path.endswith("/inferenceservices")]
+    assert len(creates) == 3
+
+
+async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) -> None:
+    cluster = bare_cluster
+    await seed_three_pools(cluster)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator() as operator:
+        current = await eventually(
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled"))
+        assert condition(current, "PredictorsReady")["reason"] == "KServeNotInstalled"
+        assert condition(current, "NodePoolsEligible")["status"] == "True"
+        assert not operator.done()
+
+        await cluster.install_kserve()
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually(lambda: _when(status(cluster),
+                                       lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"))
+
+
+async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:
+    await seed_three_pools(cluster)
+    bad = decision()
+    bad["spec"]["model"]["storageUri"] = "ftp://example.com/model"
+    await cluster.create(DECISIONS.format(ns=NS), bad)
+    async with running_operator():
+        current = await eventually(
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "InvalidSpec"))
+        assert "spec.model.storageUri" in condition(current, "Ready")["message"]
+
+        # Fixing the spec recovers.
+        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}",
+                            {"spec": {"model": {"storageUri": "pvc://models/clef-flash-fp8"}}})
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+
+
+async def test_namespace_scoping(cluster: Cluster) -> None:
+    await seed_three_pools(cluster)
+    other = decision()
+    other["metadata"]["namespace"] = "elsewhere"
+    await cluster.create(DECISIONS.format(ns="elsewhere"), other)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    # The emulator cannot serve /api/v1/namespaces, so kopf takes the namespace list as given.
+    settings = fast_settings()
+    settings.scanning.disabled = True
+    async with running_operator(clusterwide=False, namespaces=[NS], settings=settings):
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        assert await cluster.items(ISVCS.format(ns="elsewhere")) == []
+        assert "status" not in await cluster.get(f"{DECISIONS.format(ns='elsewhere')}/{DECISION}")
