@@ -1,0 +1,94 @@
+"""Joint schema head throughput: one record at a time vs one batched call.
+
+    python bench/head_benchmark.py [--shape clef-flash|tiny] [--records 64] [--repeats 5] [--dtype float32]
+
+Random hidden states and weights (speed only). Records come from the test generator with 1–8
+questions each; prompt lengths are those of the encoded records. Prints records/s for both paths and
+the largest logit difference between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clef_head.encoder import encode_request  # noqa: E402
+from clef_head.head import HeadConfig, JointSchemaHead  # noqa: E402
+from clef_head.request import parse_request  # noqa: E402
+from clef_head.tiny import TINY_HEAD, build_tokenizer  # noqa: E402
+from tests.records import make_request  # noqa: E402
+
+SHAPES = {
+    "tiny": TINY_HEAD,
+    "clef-flash": HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096),
+}
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    """Run the benchmark and print a small table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="clef-flash")
+    parser.add_argument("--records", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--vocab", type=int, default=32768, help="rows of the random lm_head (only gathered rows matter)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    config = SHAPES[args.shape]
+    head = JointSchemaHead.from_config(config).to(dtype).eval()
+    tokenizer = build_tokenizer(Path("."))
+    rng = random.Random(0)
+    encoded = [
+        encode_request(tokenizer, parse_request(make_request(rng, questions=rng.randint(1, 8))))
+        for _ in range(args.records)
+    ]
+    lm_head = torch.randn(args.vocab, config.hidden_size, dtype=dtype)
+    hidden = [torch.randn(len(e.input_ids), config.hidden_size, dtype=dtype) for e in encoded]
+    ids = [torch.tensor(e.input_ids) for e in encoded]
+    layouts = [e.layout for e in encoded]
+
+    with torch.inference_mode():
+        one_by_one = lambda: [head([h], [i], [lay], lm_head) for h, i, lay in zip(hidden, ids, layouts)]  # noqa: E731
+        batched = lambda: head(hidden, ids, layouts, lm_head)  # noqa: E731
+        single_s = _timed(one_by_one, args.repeats)
+        batch_s = _timed(batched, args.repeats)
+        difference = max(
+            (a[0] - b).abs().max().item() for a, b in zip(one_by_one(), batched())
+        )
+
+    tokens = sum(len(e.input_ids) for e in encoded)
+    questions = sum(len(e.layout.questions) for e in encoded)
+    print(
+        f"head {args.shape} ({args.dtype}, {args.threads} threads): {args.records} records, "
+        f"{questions} questions, {tokens} prompt tokens"
+    )
+    print(f"{'path':<22}{'seconds':>10}{'records/s':>12}")
+    print(f"{'one record per call':<22}{single_s:>10.3f}{args.records / single_s:>12.1f}")
+    print(f"{'one batched call':<22}{batch_s:>10.3f}{args.records / batch_s:>12.1f}")
+    print(f"speed-up {single_s / batch_s:.2f}x; max |Δ logit| between paths {difference:.2e}")
+
+
+if __name__ == "__main__":
+    main()
