@@ -1,0 +1,116 @@
+"""Pure builders: InferenceService names, the predictor container contract, probes, patches."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kopf
+import pytest
+
+from clef_operator import builders as b
+from clef_operator.constants import SPEC_HASH_ANNOTATION
+from clef_operator.pools import NodePool
+from clef_operator.spec import parse_spec
+
+POOL = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())
+
+
+def _spec(**extra: Any) -> Any:
+    return parse_spec({"model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"}, **extra})
+
+
+def _isvc(**extra: Any) -> dict[str, Any]:
+    return b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=_spec(**extra))
+
+
+@pytest.mark.parametrize(("decision", "pool"), [
+    ("clef", "h100-pool"), ("Clef", "Pool_With.Dots"), ("1st", "p"), ("x" * 60, "y" * 60), ("clef", "---"),
+])
+def test_names_are_short_dns_labels(decision: str, pool: str) -> None:
+    name = b.inferenceservice_name(decision, pool)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= b.MAX_ISVC_NAME
+    assert name == b.inferenceservice_name(decision, pool)
+
+
+def test_plain_names_are_kept_and_long_ones_hashed() -> None:
+    assert b.inferenceservice_name("clef", "h100-pool") == "clef-h100-pool"
+    long_a = b.inferenceservice_name("clef", "p" * 60 + "a")
+    long_b = b.inferenceservice_name("clef", "p" * 60 + "b")
+    assert long_a != long_b and len(long_a) == b.MAX_ISVC_NAME
+
+
+def test_predictor_contract() -> None:
+    container = _isvc(gpusPerReplica=4, predictor={"maxModelLen": 4096, "extraArgs": ["--log-level=debug"]})[
+        "spec"]["predictor"]["containers"][0]
+    assert container["name"] == "kserve-container"
+    assert container["command"] == ["python", "-m", "predictor"]
+    assert container["args"] == [
+        "--model-dir", "/mnt/models", "--model-name", "clef-flash", "--engine", "vllm", "--dp", "4",
+        "--max-model-len", "4096", "--http_port", "8080", "--log-level=debug",
+    ]
+    assert {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"} in container["env"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def test_probes_wait_for_warm_up() -> None:
+    container = _isvc()["spec"]["predictor"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/v1/models/clef-flash", "port": 8080, "scheme": "HTTP"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+    custom = _isvc(predictor={"startupProbe": {"periodSeconds": 20, "failureThreshold": 270}})
+    assert custom["spec"]["predictor"]["containers"][0]["startupProbe"]["failureThreshold"] == 270
+
+
+def test_pod_placement_and_shm() -> None:
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    predictor = _isvc(tolerations=[toleration], replicas=3, predictor={"shmSize": "32Gi"})["spec"]["predictor"]
+    assert predictor["nodeSelector"] == {"cloud.google.com/gke-nodepool": "h100-pool"}
+    assert predictor["tolerations"] == [toleration]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (3, 3)
+    assert predictor["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]
+    assert "tolerations" not in _isvc()["spec"]["predictor"]
+
+
+def test_pool_overrides_and_metadata() -> None:
+    body = _isvc(poolOverrides=[{"name": "h100-pool", "replicas": 2, "gpusPerReplica": 8}],
+                 deploymentMode="Knative", predictor={"resources": {"requests": {"cpu": "8"}}})
+    predictor = body["spec"]["predictor"]
+    assert predictor["minReplicas"] == 2 and "8" in predictor["containers"][0]["args"]
+    assert predictor["containers"][0]["resources"]["requests"] == {"cpu": "8", "nvidia.com/gpu": "8"}
+    assert body["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
+    assert body["metadata"]["labels"]["clef-serving.io/decision"] == "clef"
+    assert body["apiVersion"] == "serving.kserve.io/v1beta1" and body["kind"] == "InferenceService"
+
+
+def test_adopted_by_its_clefdecision() -> None:
+    body = _isvc()
+    owner = {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
+             "metadata": {"name": "clef", "namespace": "ml", "uid": "u-1"}}
+    kopf.adopt(body, owner=owner)  # type: ignore[arg-type]
+    (ref,) = body["metadata"]["ownerReferences"]
+    assert ref == {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision", "name": "clef",
+                   "uid": "u-1", "controller": True, "blockOwnerDeletion": True}
+
+
+def test_spec_hash_tracks_managed_fields_only() -> None:
+    first = b.stamp_spec_hash(_isvc())
+    again = b.stamp_spec_hash(_isvc())
+    assert first["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == again["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    changed = b.stamp_spec_hash(_isvc(predictor={"maxModelLen": 2048}))
+    assert changed["metadata"]["annotations"][SPEC_HASH_ANNOTATION] != first["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+
+def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
+    desired = b.stamp_spec_hash(_isvc(predictor={"maxModelLen": 2048}))
+    current = {"metadata": {"resourceVersion": "7", "labels": {"team": "ml"}, "annotations": {"note": "x"}},
+               "spec": {"predictor": {"old": True}}}
+    ops = b.build_update_patch(current, desired)
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
+    by_path = {op["path"]: op["value"] for op in ops[1:]}
+    assert by_path["/spec"] == desired["spec"]
+    assert by_path["/metadata/labels"]["team"] == "ml"
+    assert by_path["/metadata/annotations"]["note"] == "x"
