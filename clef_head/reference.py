@@ -40,6 +40,12 @@ class TransformersScorer:
             self.model_dir, dtype=dtype, device_map={"": str(self.device)}
         )
         model.config.use_cache = False
+        compressor = getattr(getattr(model, "hf_quantizer", None), "compressor", None)
+        if compressor is not None and hasattr(model, "ct_decompress_hook"):
+            # A compressed-tensors (FP8) release: its weights are decompressed by a hook on the full
+            # model's forward, which this scorer bypasses (it calls the language model directly).
+            # Decompress now; the Linear layers keep quantizing their inputs per token on the fly.
+            compressor.decompress_model(model)
         del model.model.visual  # text and JSON only: the vision tower is never used
         self.backbone = model.model.language_model.eval()
         self.lm_head_weight = model.lm_head.weight.detach()

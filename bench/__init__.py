@@ -1,0 +1,1 @@
+"""Benchmarks and their helpers: synthetic records, full-size random releases, the GPU benchmark."""
