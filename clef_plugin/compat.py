@@ -1,0 +1,84 @@
+"""Everything that differs between the supported vLLM versions (0.26 on GPUs, 0.32 on CPUs).
+
+Differences are detected by feature, not by version number, so a patch release that backports
+a change keeps working. Nothing else in the plugin reaches into vLLM internals that moved.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+import vllm
+from vllm.model_executor.layers.pooler import PoolingParamsUpdate
+from vllm.model_executor.layers.pooler.abstract import Pooler
+from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
+from vllm.model_executor.models.config import MODELS_CONFIG_MAP, Qwen3_5ForConditionalGenerationConfig
+from vllm.v1.pool.metadata import PoolingMetadata
+
+SUPPORTED_VLLM = SpecifierSet(">=0.26.0,<0.33")
+"""vLLM releases the plugin is tested with (keep in step with the ``vllm`` extra in pyproject.toml)."""
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AllPool",
+    "Pooler",
+    "PoolingMetadata",
+    "PoolingParamsUpdate",
+    "SUPPORTED_VLLM",
+    "check_vllm_version",
+    "finished_mask",
+    "install_config_hook",
+    "prompt_hidden_states",
+]
+
+
+def check_vllm_version() -> None:
+    """Warn once when the installed vLLM is outside :data:`SUPPORTED_VLLM`."""
+    installed = Version(vllm.__version__)
+    if Version(installed.base_version) not in SUPPORTED_VLLM:
+        logger.warning(
+            "clef_plugin is tested with vLLM %s; vLLM %s is installed", SUPPORTED_VLLM, vllm.__version__
+        )
+
+
+def finished_mask(pooling_metadata: PoolingMetadata) -> list[bool]:
+    """Per scheduled request: True when this step completes its prompt."""
+    cursor = pooling_metadata.get_pooling_cursor()
+    if hasattr(cursor, "get_finished_mask"):  # vLLM >= 0.27
+        return list(cursor.get_finished_mask())
+    return cursor.is_finished().tolist()
+
+
+def prompt_hidden_states(
+    collector: AllPool, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata
+) -> list[torch.Tensor | None]:
+    """Each request's full [prompt_len, hidden] states once its prefill is complete, else None.
+
+    vLLM's ``AllPool`` keeps the chunks of a chunked prefill across steps. Before vLLM 0.27 it
+    kept views into the step's output buffer, which the next step (a CUDA graph replay, for
+    instance) may overwrite; there the step's states are copied first whenever a request is
+    still mid-prefill.
+    """
+    owns_chunks = hasattr(collector, "clone_finished")
+    if not owns_chunks and collector.enable_chunked_prefill and not all(finished_mask(pooling_metadata)):
+        hidden_states = hidden_states.clone()
+    return collector(hidden_states, pooling_metadata)
+
+
+def install_config_hook(architecture: str, hook: type) -> None:
+    """Run ``hook.verify_and_update_config(vllm_config)`` for engines of ``architecture``.
+
+    vLLM looks up per-architecture config hooks in ``MODELS_CONFIG_MAP`` when it builds an
+    engine's config (before the scheduler and KV cache exist). The hook must chain Qwen3.5's own
+    hook (:data:`QWEN3_5_CONFIG_HOOK`), which sets the Gated DeltaNet state dtype.
+    """
+    MODELS_CONFIG_MAP[architecture] = hook
+
+
+QWEN3_5_CONFIG_HOOK = Qwen3_5ForConditionalGenerationConfig
+"""vLLM's config hook for Qwen3.5 (state dtypes of the linear-attention layers)."""

@@ -1,0 +1,13 @@
+"""Names other components use to reach the plugin; importing this module imports nothing heavy."""
+
+ARCHITECTURE: str = "ClefQwen3_5ForJointSchema"
+"""Architecture name the plugin registers with vLLM (select it with ``hf_overrides``)."""
+
+MODEL_CLASS: str = "clef_plugin.model:ClefQwen3_5ForJointSchema"
+"""Lazy ``module:Class`` reference: the model module is imported only by processes that build it."""
+
+POOLING_TASK: str = "token_embed"
+"""vLLM's per-token pooling task (same name in vLLM 0.26 and 0.32); the engine serves only this one."""
+
+LAYOUT_KEY: str = "clef_layout"
+"""Key of a request's wire layout inside ``PoolingParams.extra_kwargs``."""
