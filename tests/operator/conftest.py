@@ -13,8 +13,19 @@ from tests.operator.emulator import ClusterEmulator
 from tests.operator.harness import KSERVE_CRD, Cluster, clef_crd, write_kubeconfig
 
 
+@pytest.fixture(scope="session")
+def observed_rbac() -> dict[str, set[tuple[str, str, str]]]:
+    """(apiGroup, resource, verb) triples the operator needed, per integration test that ran."""
+    return {}
+
+
 @pytest_asyncio.fixture
-async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ClusterEmulator]:
+async def emulator(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    observed_rbac: dict[str, set[tuple[str, str, str]]],
+) -> AsyncIterator[ClusterEmulator]:
     """A cluster emulator serving built-in kinds and the ClefDecision CRD, with $KUBECONFIG aimed at it."""
     async with ClusterEmulator() as emu, kmock.Server(emu):
         emu.resources.load_bundled()
@@ -23,6 +34,7 @@ async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         monkeypatch.setenv("CLEF_RETRY_BASE_SECONDS", "0.2")
         yield emu
+        observed_rbac[request.node.name] = emu.rbac_requests()
 
 
 @pytest.fixture

@@ -47,9 +47,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """Every request served so far as (METHOD, path?query)."""
         return [(str(r.method.value), str(r.url.path_qs)) for r in self._requests]
 
-    def rbac_requests(self) -> set[tuple[str, str, str]]:
-        """The (apiGroup, resource[/subresource], verb) triples the served requests need."""
-        return rbac_triples(self._requests)
+    def rbac_requests(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> set[tuple[str, str, str]]:
+        """The (apiGroup, resource[/subresource], verb) triples the served requests need.
+
+        Requests from the test's own client (kmock's User-Agent) are left out by default.
+        """
+        return rbac_triples(
+            r for r in self._requests if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
+        )
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.action is not None:

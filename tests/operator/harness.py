@@ -16,6 +16,7 @@ from tests.operator.emulator import ClusterEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml"
+OPERATOR_DOC = ROOT / "docs" / "operator.md"
 DECISIONS = "/apis/clef-serving.io/v1alpha1/namespaces/{ns}/clefdecisions"
 ISVCS = "/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices"
 NODES = "/api/v1/nodes"
@@ -34,6 +35,30 @@ KSERVE_CRD: dict[str, Any] = {
                       "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
     },
 }
+
+
+def documented_rbac(path: Path = OPERATOR_DOC) -> set[tuple[str, str, str]]:
+    """The (apiGroup, resource, verb) triples listed in the API-access table of docs/operator.md.
+
+    Rows look like: | `clef-serving.io` | `clefdecisions` | `list`, `watch`, `patch` | why |
+    (the core group is written as `""`).
+    """
+    triples: set[tuple[str, str, str]] = set()
+    in_table = False
+    for line in path.read_text().splitlines():
+        if line.startswith("<!-- rbac-table -->"):
+            in_table = True
+            continue
+        if line.startswith("<!-- /rbac-table -->"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not in_table or len(cells) < 3 or not cells[0].startswith("`"):
+            continue
+        group = cells[0].strip("`").strip('"')
+        resource = cells[1].strip("`")
+        for verb in cells[2].split(","):
+            triples.add((group, resource, verb.strip().strip("`")))
+    return triples
 
 
 def clef_crd() -> dict[str, Any]:
