@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -42,5 +43,16 @@ def render_chart(*, values: Sequence[pathlib.Path] = (), sets: Sequence[str] = (
 
 
 def load_yaml_objects(path: pathlib.Path) -> list[dict[str, Any]]:
-    """Every non-empty YAML document of a file."""
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    """Every non-empty YAML document of a file (with libyaml where available: KServe's CRDs are large)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return [doc for doc in yaml.load_all(path.read_text(), Loader=loader) if doc]
+
+
+@functools.cache
+def load_kserve_crds() -> dict[str, dict[str, Any]]:
+    """KServe's CRDs by kind (InferenceService, ServingRuntime, ...); empty when the folder is absent."""
+    crds: dict[str, dict[str, Any]] = {}
+    for path in sorted(KSERVE_CRDS.glob("*.yaml")) if KSERVE_CRDS.is_dir() else []:
+        for crd in load_yaml_objects(path):
+            crds[crd["spec"]["names"]["kind"]] = crd
+    return crds

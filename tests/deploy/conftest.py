@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.chart import ALL_ON_VALUES, CLEF_CRD, KSERVE_CRDS, REPO, load_yaml_objects, render_chart
+from tests.deploy.chart import (
+    ALL_ON_VALUES,
+    CLEF_CRD,
+    KSERVE_CRDS,
+    REPO,
+    load_kserve_crds,
+    load_yaml_objects,
+    render_chart,
+)
 
 Render = Callable[..., list[dict[str, Any]]]
 
@@ -41,10 +49,7 @@ def clef_crd() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def kserve_crds() -> dict[str, dict[str, Any]]:
     """KServe's v0.20.0 CRDs by kind (InferenceService, ServingRuntime, ClusterServingRuntime)."""
-    if not KSERVE_CRDS.is_dir():
+    crds = load_kserve_crds()
+    if not crds:
         pytest.skip(f"KServe CRD YAML not found at {KSERVE_CRDS} (set $KSERVE_CRDS to a folder of them)")
-    crds = {}
-    for path in sorted(KSERVE_CRDS.glob("*.yaml")):
-        for crd in load_yaml_objects(path):
-            crds[crd["spec"]["names"]["kind"]] = crd
     return crds

