@@ -103,16 +103,27 @@ def decisions(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tupl
     return {(namespace, name): _plain(body)}
 
 
-async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> Outcome:
+async def _run(
+    body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode], *, trust_body_status: bool = False
+) -> Outcome | None:
+    """Reconcile one ClefDecision under its lock, write its status if changed, post its events.
+
+    The previous status is the one this process last wrote (the body's copy may lag behind it),
+    unless ``trust_body_status`` asks to compare with what the cluster holds (to repair drift).
+    Returns None for a ClefDecision that is being deleted.
+    """
     state = _state(memo)
     if state.api is None:
         raise kopf.TemporaryError("the Kubernetes client is not configured yet", delay=1)
     meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return None
     key = (meta["namespace"], meta["name"])
     uid = meta.get("uid", "")
     lock = state.locks.setdefault(key, asyncio.Lock())
     async with lock:
-        previous = state.last_status.get(uid) or _plain(body.get("status") or {})
+        cluster_status = _plain(body.get("status") or {})
+        previous = cluster_status if trust_body_status else state.last_status.get(uid) or cluster_status
         outcome = await reconcile(
             body, nodes=nodes, api=state.api, previous_status=previous,
             adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
@@ -130,6 +141,8 @@ async def _reconcile_for_handler(body: kopf.Body, memo: kopf.Memo, index: kopf.I
         outcome = await _run(_plain(body), memo, _gpu_nodes(index))
     except ConflictError as exc:
         raise kopf.TemporaryError(f"lost a race, retrying: {exc}", delay=1) from exc
+    if outcome is None:
+        return
     if outcome.invalid_spec is not None:
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid_spec}")
     if outcome.kserve_missing:
@@ -158,9 +171,18 @@ async def updated(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, G
 async def resync(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], **_: Any) -> None:
     """Periodic level-triggered resync: repairs drift nobody told the operator about."""
     try:
-        await _run(_plain(body), memo, _gpu_nodes(gpu_nodes))
+        await _run(_plain(body), memo, _gpu_nodes(gpu_nodes), trust_body_status=True)
     except ConflictError:
         pass  # the next trigger or tick reconciles again
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def forget_deleted(type: str | None, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """Drop the per-ClefDecision state of a deleted ClefDecision."""
+    if type == "DELETED":
+        state = _state(memo)
+        state.locks.pop((namespace, name), None)
+        state.last_status.pop(uid, None)
 
 
 def node_fingerprint(nodes: Iterable[GpuNode]) -> frozenset[tuple[str, tuple[tuple[str, str], ...], int]]:
