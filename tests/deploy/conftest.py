@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kmock._internal import parsing as kmock_parsing
 
 from tests.deploy.chart import (
     ALL_ON_VALUES,
@@ -53,3 +54,21 @@ def kserve_crds() -> dict[str, dict[str, Any]]:
     if not crds:
         pytest.skip(f"KServe CRD YAML not found at {KSERVE_CRDS} (set $KSERVE_CRDS to a folder of them)")
     return crds
+
+
+@pytest.fixture
+def namespace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the API emulator parse /api/v1/namespaces[/NAME] as the Namespace resource.
+
+    kmock 0.8 reads the segment after ``namespaces/`` as a namespace and fails on the bare collection,
+    which kopf lists and watches when it serves specific namespaces, and kubectl posts namespaces to.
+    """
+    original = kmock_parsing.parse_path
+
+    def parse_path(path: str) -> kmock_parsing.ParsedPath:
+        parts = path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+            return kmock_parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None)
+        return original(path)
+
+    monkeypatch.setattr(kmock_parsing, "parse_path", parse_path)

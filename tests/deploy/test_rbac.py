@@ -18,7 +18,6 @@ from typing import Any
 
 import kmock
 import kopf
-from kmock._internal import parsing as kmock_parsing
 import pytest
 import pytest_asyncio
 
@@ -31,6 +30,7 @@ from tests.operator.harness import (
     NODES,
     Cluster,
     clef_crd,
+    documented_rbac,
     eventually,
     fast_settings,
     gpu_node,
@@ -46,25 +46,7 @@ A100 = dict(product="NVIDIA-A100-SXM4-80GB", family="ampere", major=8, minor=0)
 GRANTED_FOR_ADMISSION = {("clef-serving.io", "clefdecisions/finalizers", "update")}
 
 Grant = tuple[str, str, str]
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def namespace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let the emulator parse /api/v1/namespaces[/NAME] as the Namespace resource.
-
-    kmock 0.8 reads the segment after ``namespaces/`` as a namespace and fails on the bare
-    collection, which kopf lists and watches when it serves specific namespaces.
-    """
-    original = kmock_parsing.parse_path
-
-    def parse_path(path: str) -> kmock_parsing.ParsedPath:
-        parts = path.strip("/").split("/")
-        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
-            return kmock_parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None)
-        return original(path)
-
-    monkeypatch.setattr(kmock_parsing, "parse_path", parse_path)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("namespace_paths")]
 
 
 @pytest_asyncio.fixture
@@ -220,3 +202,12 @@ async def test_rbac_allows_every_call_and_nothing_more(emulator: ClusterEmulator
     used = {grant for grant, _ in calls}
     unused = (cluster_grants | set().union(*role_grants.values())) - used - GRANTED_FOR_ADMISSION
     assert unused == set(), f"the chart grants what the operator never uses: {sorted(unused)}"
+
+
+def test_chart_rbac_is_the_documented_api_access() -> None:
+    """Across its scopings the chart grants exactly the API access docs/operator.md lists."""
+    grants: set[Grant] = set()
+    for sets in ([], [f"operator.watchNamespaces={{{NS}}}"]):
+        cluster_grants, role_grants = granted(render_chart(sets=sets))
+        grants |= cluster_grants.union(*role_grants.values())
+    assert grants == documented_rbac()
