@@ -35,8 +35,8 @@ READINESS_PERIOD_SECONDS = 10
 
 def inferenceservice_name(decision: str, pool: str) -> str:
     """``<decision>-<pool>`` as a DNS-1035 label of at most 53 chars (hash-suffixed when shortened)."""
-    raw = f"{decision}-{pool}".lower()
-    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
+    raw = f"{decision}-{pool}"
+    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
     if not name or not name[0].isalpha():
         name = f"c-{name}".rstrip("-")
     if name == raw and len(name) <= MAX_ISVC_NAME:

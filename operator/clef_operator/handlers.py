@@ -232,7 +232,8 @@ async def inferenceservice_changed(
     )
     if owner is None:
         return
-    parent = next((p for p in decisions.get((namespace, owner["name"]), []) if p["metadata"].get("uid") == owner["uid"]), None)
+    parents = decisions.get((namespace, owner["name"]), [])
+    parent = next((p for p in parents if p["metadata"].get("uid") == owner["uid"]), None)
     if parent is None:
         return
     state = _state(memo)

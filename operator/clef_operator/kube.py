@@ -101,7 +101,9 @@ class KubeApi:
             _raise_translated(exc, not_found=KServeNotInstalledError)
             raise
 
-    async def patch_inferenceservice(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    async def patch_inferenceservice(
+        self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
         """Apply a JSON patch to an InferenceService; ConflictError when its resourceVersion moved."""
         try:
             return await asyncio.to_thread(

@@ -38,6 +38,7 @@ def test_plain_names_are_kept_and_long_ones_hashed() -> None:
     long_a = b.inferenceservice_name("clef", "p" * 60 + "a")
     long_b = b.inferenceservice_name("clef", "p" * 60 + "b")
     assert long_a != long_b and len(long_a) == b.MAX_ISVC_NAME
+    assert b.inferenceservice_name("clef", "Pool-A") != b.inferenceservice_name("clef", "pool-a")
 
 
 def test_predictor_contract() -> None:
@@ -97,11 +98,11 @@ def test_adopted_by_its_clefdecision() -> None:
 
 
 def test_spec_hash_tracks_managed_fields_only() -> None:
-    first = b.stamp_spec_hash(_isvc())
-    again = b.stamp_spec_hash(_isvc())
-    assert first["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == again["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-    changed = b.stamp_spec_hash(_isvc(predictor={"maxModelLen": 2048}))
-    assert changed["metadata"]["annotations"][SPEC_HASH_ANNOTATION] != first["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    def stamped(**extra: Any) -> str:
+        return b.stamp_spec_hash(_isvc(**extra))["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+    assert stamped() == stamped()
+    assert stamped(predictor={"maxModelLen": 2048}) != stamped()
 
 
 def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
