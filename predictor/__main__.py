@@ -1,0 +1,6 @@
+"""``python -m predictor``."""
+
+from predictor.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""ASGI middleware for request bodies: a size limit (413) and ``Content-Encoding`` (zstd, gzip; else 415).
+
+It runs in front of every route, KServe's included, so each route reads a plain, bounded body.
+Decompressed bodies are bounded by the same limit (a small compressed body cannot expand without end).
+"""
+
+from __future__ import annotations
+
+import zlib
+from http import HTTPStatus
+from typing import Any, Callable
+
+import orjson
+
+from predictor.errors import TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request
+
+try:  # Python 3.14+ ships zstd in the standard library.
+    from compression.zstd import ZstdDecompressor, ZstdError  # type: ignore[import-not-found]
+except ImportError:
+    from backports.zstd import ZstdDecompressor, ZstdError
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+SUPPORTED_ENCODINGS = ("zstd", "gzip", "identity")
+
+
+def _too_large(limit: int, what: str = "request body") -> ApiError:
+    return ApiError(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, TOO_LARGE, f"the {what} is larger than the limit of {limit} bytes"
+    )
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = decompressor.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise bad_request(f"the gzip request body is corrupt: {exc}") from None
+    if len(out) > limit:
+        raise _too_large(limit, "decompressed request body")
+    if not decompressor.eof:
+        raise bad_request("the gzip request body is truncated")
+    return out
+
+
+def _unzstd(data: bytes, limit: int) -> bytes:
+    decompressor = ZstdDecompressor()
+    try:
+        out = decompressor.decompress(data, max_length=limit + 1)
+    except ZstdError as exc:
+        raise bad_request(f"the zstd request body is corrupt: {exc}") from None
+    if len(out) > limit:
+        raise _too_large(limit, "decompressed request body")
+    if not decompressor.eof:
+        raise bad_request("the zstd request body is truncated")
+    return out
+
+
+def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (a comma-separated list, applied in order) within ``limit`` bytes."""
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    for coding in codings:
+        if coding not in SUPPORTED_ENCODINGS:
+            raise ApiError(
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                UNSUPPORTED_MEDIA,
+                f"Content-Encoding {coding!r} is not supported; use one of {', '.join(SUPPORTED_ENCODINGS)}",
+                "Content-Encoding",
+            )
+    for coding in reversed(codings):
+        if coding == "gzip":
+            body = _gunzip(body, limit)
+        elif coding == "zstd":
+            body = _unzstd(body, limit)
+    return body
+
+
+def decode_json_body(raw: bytes, content_type: str) -> Any:
+    """Parse a JSON request body (any Content-Type but multipart); 400 when it is not JSON.
+
+    A multipart body is how the TypeSafe SDK sends images: 400 naming ``assets``.
+    """
+    if content_type.split(";")[0].strip().lower().startswith("multipart/"):
+        raise bad_request(
+            "images and videos are not supported: this model reads text and JSON only (send application/json)",
+            "assets",
+        )
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+class RequestBodyMiddleware:
+    """Reads each request body once: rejects it past ``max_body_bytes`` and decompresses it."""
+
+    def __init__(self, app: Callable[..., Any], max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        try:
+            declared = headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise _too_large(self.max_body_bytes)
+            body = await self._read(receive)
+            encoding = headers.get("content-encoding", "")
+            if encoding:
+                body = decode_body(body, encoding, self.max_body_bytes)
+        except ApiError as error:
+            await error.response()(scope, receive, send)
+            return
+        new_headers = [
+            (key, value)
+            for key, value in scope["headers"]
+            if key.lower() not in (b"content-encoding", b"content-length")
+        ]
+        new_headers.append((b"content-length", str(len(body)).encode()))
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app({**scope, "headers": new_headers}, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _too_large(self.max_body_bytes)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)

@@ -1,0 +1,33 @@
+"""Prometheus metrics, on the default registry that KServe's ``/metrics`` already serves."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter(
+    "clef_requests_total",
+    "Inference requests answered, by route and HTTP status.",
+    ["route", "status"],
+)
+LATENCY = Histogram(
+    "clef_request_latency_seconds",
+    "Time from request received to response sent, by route.",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+RECORDS = Counter("clef_records_total", "System One records scored (a V1/V2 request may hold several).")
+INPUT_TOKENS = Counter("clef_input_tokens_total", "Prompt tokens of scored records.")
+PROMPT_TOKENS = Histogram(
+    "clef_prompt_tokens",
+    "Prompt length of scored records, in tokens.",
+    buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+)
+BATCH_SIZE = Histogram(
+    "clef_batch_size",
+    "Records per forward pass of the transformers engine's micro-batcher, by engine.",
+    ["engine"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+IN_FLIGHT = Gauge("clef_engine_in_flight", "Records submitted to an engine and not yet answered.", ["engine"])
+WARMUP_SECONDS = Gauge("clef_warmup_seconds", "Duration of the last warm-up, in seconds.")
+READY = Gauge("clef_ready", "1 once warm-up has finished and the engine is healthy, else 0.")

@@ -1,0 +1,142 @@
+"""Real predictor processes on 127.0.0.1 (random free ports), shared per test module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_NAME = "clef-flash"
+STARTUP_TIMEOUT_S = 600.0
+PROBES = ("/health", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Predictor:
+    """A running ``python -m predictor`` process and what was seen while it started."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    stdout_path: Path
+    #: Status of each probe path (and of POST /v1/systemone), per polling round, until all probes said 200.
+    rounds: list[dict[str, int]] = field(default_factory=list)
+    #: The server's log right after the first 200 from any probe.
+    log_at_first_ready: str = ""
+
+    @property
+    def url(self) -> str:
+        """Base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        """The server's log so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        """The server's stdout so far (JSON request lines with --json-logs)."""
+        return self.stdout_path.read_text(errors="replace")
+
+
+def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Predictor:
+    """Start a predictor; return once it is ready, recording probe answers seen during warm-up."""
+    port = free_port()
+    log_path, stdout_path = tmp / "server.log", tmp / "server.out"
+    command = [
+        sys.executable, "-m", "predictor",
+        "--http_port", str(port), "--enable_grpc", "false", "--model-name", MODEL_NAME, *args,
+    ]
+    full_env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), **(env or {})}
+    with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
+        process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=full_env)
+    server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"predictor exited with {process.returncode}:\n{server.log()[-5000:]}")
+            try:
+                statuses = {path: client.get(path).status_code for path in PROBES}
+                if not all(status == 200 for status in statuses.values()):
+                    statuses["POST /v1/systemone"] = client.post("/v1/systemone", json=simple_request()).status_code
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if 200 in statuses.values() and not server.log_at_first_ready:
+                server.log_at_first_ready = server.log()
+            server.rounds.append(statuses)
+            if all(status == 200 for status in statuses.values()):
+                return server
+            time.sleep(0.2)
+    stop(server)
+    raise RuntimeError(f"predictor not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-5000:]}")
+
+
+def stop(server: Predictor, timeout: float = 60) -> int:
+    """SIGTERM the server and wait for it to exit; return its exit code."""
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+    return server.process.returncode
+
+
+def simple_request(state: object = "I was charged twice for my subscription", model: str = MODEL_NAME) -> dict:
+    """A small valid System One request with one question of each type."""
+    return {
+        "model": model,
+        "state": state,
+        "questions": {
+            "urgent": {"type": "noul", "instructions": "Is this urgent?"},
+            "topic": {"type": "choice", "criteria": {"billing": "money", "bug": None, "other": None}},
+            "tone": {"type": "score", "criteria": ["calm", "annoyed", "angry"]},
+        },
+    }
+
+
+def assert_same_answer(actual: dict, expected: dict, atol: float = 2e-4) -> None:
+    """Equal responses; numbers (rounded to 4 decimals) may differ by ``atol`` (batched vs single float sums)."""
+    assert actual["model"] == expected["model"]
+    assert actual["usage"] == expected["usage"]
+    assert actual["answers"].keys() == expected["answers"].keys()
+    for key, answer in expected["answers"].items():
+        _close(actual["answers"][key], answer, atol, f"answers.{key}")
+
+
+def _close(actual: object, expected: object, atol: float, where: str) -> None:
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), where
+        for key in expected:
+            _close(actual[key], expected[key], atol, f"{where}.{key}")
+    elif isinstance(expected, float):
+        assert isinstance(actual, (int, float)) and abs(actual - expected) <= atol, (where, actual, expected)
+    else:
+        assert actual == expected, (where, actual, expected)
+
+
+@pytest.fixture(scope="session")
+def predictor_env() -> Iterator[None]:
+    """Skip predictor tests when the serving extra is missing."""
+    pytest.importorskip("kserve")
+    pytest.importorskip("typesafe_sdk")
+    yield
