@@ -115,3 +115,12 @@ def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
     assert by_path["/spec"] == desired["spec"]
     assert by_path["/metadata/labels"]["team"] == "ml"
     assert by_path["/metadata/annotations"]["note"] == "x"
+
+
+def test_args_parse_with_the_predictors_own_parser() -> None:
+    cli = pytest.importorskip("predictor.cli", reason="the predictor's dependencies (kserve) are not installed")
+    container = _isvc(gpusPerReplica=2, predictor={"maxModelLen": 4096})["spec"]["predictor"]["containers"][0]
+    assert container["command"][-2:] == ["-m", "predictor"]
+    args = cli.build_parser().parse_args(container["args"])
+    assert (str(args.model_dir), args.model_name, args.engine, args.dp, args.max_model_len, args.http_port) == (
+        "/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
