@@ -1,0 +1,225 @@
+"""Build a random-weight Clef release with Clef-flash's full shape, on the GPU, in seconds.
+
+    python -m bench.fullsize_release OUT [--dtype bf16] [--device cuda] [--scale full|tiny] [--fp8 DIR]
+
+``full``: the Qwen3.5-9B text shape (vocab 248320, hidden 4096, 32 layers: 3 Gated DeltaNet + 1
+full attention repeating, 16 heads / 4 KV heads of dim 256, linear attention 16 key / 32 value heads
+of dim 128, intermediate 12288, partial rotary 0.25, interleaved mrope), a one-block vision tower
+(its weights must exist; Clef reads text only) and a head of clef-flash's shape (hidden 4096, width
+1024, 2 routing layers, 4 layers, 16 heads, feed-forward 4096). ``tiny``: the same architecture at
+CPU-test size. The model is created on the ``meta`` device, materialised on ``--device`` and
+initialised there with the model's own initialisers, then saved as safetensors shards.
+
+The tokenizer is the tiny release's byte-level BPE (1,024 ids); the model's vocabulary is still
+248,320, so prompts only use its first ids. Random weights measure speed, never accuracy: a marker
+file says so. ``--fp8 DIR`` also writes the FP8_DYNAMIC copy (``clef_head.quantize``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_head.head import HeadConfig
+from clef_head.tiny import RANDOM_MARKER, SPECIAL_TOKENS, TINY_HEAD, build_tokenizer, random_head, save_head
+
+FULL_TEXT: dict[str, Any] = dict(
+    vocab_size=248320,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=32,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=262144,
+    mrope_section=[11, 11, 10],
+)
+TINY_TEXT: dict[str, Any] = dict(
+    vocab_size=1024,
+    hidden_size=TINY_HEAD.hidden_size,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=32768,
+    mrope_section=[3, 3, 2],
+)
+FULL_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
+SCALES: dict[str, tuple[dict[str, Any], HeadConfig, str]] = {
+    "full": (FULL_TEXT, FULL_HEAD, "5GB"),
+    "tiny": (TINY_TEXT, TINY_HEAD, "1MB"),  # small shards: the sharded layout is exercised on the CPU too
+}
+DTYPES = {"bf16": torch.bfloat16}
+
+
+def model_config(scale: str, token_id: dict[str, int]) -> Any:
+    """The ``Qwen3_5Config`` of ``scale`` (text shape above, one-block vision tower)."""
+    from transformers import Qwen3_5Config
+
+    shape = dict(SCALES[scale][0])
+    mrope_section = shape.pop("mrope_section")
+    layers = shape["num_hidden_layers"]
+    text = dict(
+        shape,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        full_attention_interval=4,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": mrope_section,
+            "mrope_interleaved": True,
+        },
+        eos_token_id=token_id["<|im_end|>"],
+        pad_token_id=token_id["<|endoftext|>"],
+        bos_token_id=None,
+        dtype="bfloat16",
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        in_channels=3,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=shape["hidden_size"],
+        num_position_embeddings=64,
+    )
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=token_id["<|image_pad|>"],
+        video_token_id=token_id["<|video_pad|>"],
+        vision_start_token_id=token_id["<|vision_start|>"],
+        vision_end_token_id=token_id["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    return config
+
+
+def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """The backbone built on ``meta``, materialised on ``device`` and initialised there."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration._from_config(config, dtype=dtype)
+    model = model.to_empty(device=device)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():  # any parameter the initialisers miss stays NaN and is caught
+            parameter.fill_(float("nan"))
+        model.apply(model._init_weights)
+        for name, parameter in model.named_parameters():
+            if not torch.isfinite(parameter).all():
+                raise RuntimeError(f"initialisation left {name} unset or non-finite")
+    return model.eval()
+
+
+def _save_processor(path: Path, tokenizer: Any) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        tokenizer=tokenizer,
+        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    processor.save_pretrained(path)
+
+
+def build_release(
+    out: str | Path, scale: str = "full", device: str = "cuda", dtype: str = "bf16", seed: int = 0
+) -> dict[str, Any]:
+    """Write the random release to ``out`` and return timings and sizes."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but CUDA is not available")
+    path = Path(out)
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} exists and is not empty")
+    path.mkdir(parents=True, exist_ok=True)
+    _, head_config, shard_size = SCALES[scale]
+    started = time.perf_counter()
+    tokenizer = build_tokenizer(path)
+    token_id = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    model = random_backbone(model_config(scale, token_id), target, DTYPES[dtype], seed)
+    parameters = sum(p.numel() for p in model.parameters())
+    if target.type == "cuda":
+        torch.cuda.synchronize()
+    built = time.perf_counter()
+    model.save_pretrained(path, max_shard_size=shard_size)
+    del model
+    if target.type == "cuda":
+        torch.cuda.empty_cache()
+    saved = time.perf_counter()
+    _save_processor(path, tokenizer)
+    save_head(random_head(head_config, seed), path)
+    (path / RANDOM_MARKER).write_text(
+        f"Random weights (seed {seed}, {scale} shape), built by bench.fullsize_release for speed "
+        "measurements. Not a trained Clef model: its answers carry no meaning.\n"
+    )
+    return {
+        "path": str(path),
+        "scale": scale,
+        "dtype": dtype,
+        "device": str(target),
+        "parameters": parameters,
+        "bytes": sum(item.stat().st_size for item in path.iterdir() if item.is_file()),
+        "build_s": round(built - started, 2),
+        "save_s": round(saved - built, 2),
+        "total_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line (see the module docstring); prints a JSON summary."""
+    parser = argparse.ArgumentParser(prog="python -m bench.fullsize_release", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="new folder for the BF16 release")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--device", default="cuda", help="where weights are created: cuda, cuda:N or cpu")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fp8", type=Path, default=None, help="also write the FP8_DYNAMIC release here")
+    args = parser.parse_args(argv)
+    try:
+        summary: dict[str, Any] = {"bf16": build_release(args.out, args.scale, args.device, args.dtype, args.seed)}
+        if args.fp8 is not None:
+            from clef_head.quantize import quantize_release
+
+            summary["fp8"] = quantize_release(args.out, args.fp8, device=args.device).to_json()
+    except (ValueError, RuntimeError, OSError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
