@@ -114,6 +114,10 @@ class ClefModel(Model):
         """V2 metadata: one BYTES output of System One responses as JSON strings."""
         return [{"name": V2_OUTPUT, "datatype": "BYTES", "shape": [-1]}]
 
+    def validate(self, payload: Any) -> Any:
+        """No KServe-side shape check: ``predict`` validates and names the field in our error shape."""
+        return payload
+
     async def predict(
         self, payload: dict[str, Any] | InferRequest | bytes, headers: dict[str, str] | None = None
     ) -> dict[str, Any] | InferResponse:
