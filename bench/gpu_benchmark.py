@@ -1,0 +1,615 @@
+"""Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 vs vLLM + plugin FP8, same records.
+
+    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-bf16,vllm-fp8,http]
+        [--records 1400] [--tokens 512] [--time-budget 540] [--enforce-eager | --cuda-graphs]
+    python -m bench.gpu_benchmark --device cpu --scale tiny --records 8 --work /tmp/smoke   # CPU smoke run
+
+Stages (each engine case runs in its own process, so a crash or a leak cannot spoil the next):
+- prepare: the random-weight BF16 release (``bench.fullsize_release``, built on the device) and its
+  FP8_DYNAMIC copy (``clef_head.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
+  (``bench.records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
+- transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches;
+  also the time split between backbone and head on the same batches.
+- head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64.
+- vllm-bf16, vllm-fp8: vLLM + the plugin, one offline ``encode`` over all records; then single-record
+  latency.
+- http: ``python -m predictor`` (vLLM engine, FP8 release) and 1/8/64 closed-loop HTTP clients.
+Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
+(top-1 per question, mean KL(BF16 ‖ FP8)) is computed from the logits the cases saved in ``--work``,
+also across invocations, so the cases may run in separate calls. Weights are random: figures measure
+speed, and agreement on random weights only bounds the numerical effect of FP8.
+The summary goes to ``$OUT/gpu_benchmark.json`` when ``OUT`` is set, else ``--out`` (default: --work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+CASES = ("prepare", "transformers", "head", "vllm-bf16", "vllm-fp8", "http")
+ENGINE_CASES = ("transformers", "vllm-bf16", "vllm-fp8")
+# Rough lower bounds (s) for a stage on the full shape; a stage does not start with less time left.
+MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "vllm-bf16": 120, "vllm-fp8": 120, "http": 150}
+AGREEMENT_PAIRS = (("vllm-bf16", "vllm-fp8"), ("transformers", "vllm-bf16"), ("transformers", "vllm-fp8"))
+WARMUP_RECORDS = 32
+LATENCY_RECORDS = 32
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _log(message: str) -> None:
+    print(f"[gpu_benchmark {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _gpu_memory(device: str) -> dict[str, float]:
+    """Device-wide used memory (all processes, vLLM's KV cache reservation included) and this process's peak."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "device_used_gib": round((total - free) / 2**30, 2),
+        "process_peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    }
+
+
+def _environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": sys.version.split()[0]}
+    for module in ("torch", "transformers", "vllm", "compressed_tensors", "fla", "causal_conv1d", "kserve"):
+        spec = importlib.util.find_spec(module)
+        info[module] = None if spec is None else "importable"
+    try:
+        import torch
+        import transformers
+
+        info["torch"], info["transformers"] = torch.__version__, transformers.__version__
+    except ImportError as exc:
+        info["import_error"] = str(exc)
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        info["gpu"] = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["gpu"] = None
+    return info
+
+
+def _load_encoded(work: Path) -> tuple[list[list[int]], list[Any]]:
+    from clef_head.layout import RecordLayout
+
+    data = json.loads((work / "encoded.json").read_text())
+    return [item["input_ids"] for item in data], [RecordLayout.from_wire(item["layout"]) for item in data]
+
+
+def _save_logits(work: Path, case: str, logits: list[Any]) -> None:
+    import torch
+
+    torch.save([value.float().cpu() for value in logits], work / f"logits-{case}.pt")
+
+
+def _rates(records: int, tokens: int, seconds: float) -> dict[str, float]:
+    return {
+        "records": records,
+        "prompt_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "records_per_s": round(records / seconds, 2),
+        "prompt_tokens_per_s": round(tokens / seconds, 1),
+    }
+
+
+# ----------------------------------------------------------------------------- prepare (parent)
+
+
+def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, Any]:
+    """Build or reuse the releases and the encoded records."""
+    result: dict[str, Any] = {}
+    bf16 = Path(args.bf16) if args.bf16 else work / f"release-{args.scale}-bf16"
+    fp8 = Path(args.fp8) if args.fp8 else work / f"release-{args.scale}-fp8"
+    if not (bf16 / "config.json").is_file():
+        if args.bf16:
+            raise FileNotFoundError(f"--bf16 {bf16}: no config.json")
+        command = [sys.executable, "-m", "bench.fullsize_release", str(bf16), "--scale", args.scale, "--device", args.device]
+        result["build_bf16"] = _run_json(command, deadline)
+    if not (fp8 / "config.json").is_file():
+        if args.fp8:
+            raise FileNotFoundError(f"--fp8 {fp8}: no config.json")
+        command = [sys.executable, "-m", "clef_head.quantize", str(bf16), str(fp8), "--device", args.device]
+        result["quantize_fp8"] = _run_json(command, deadline)
+    result["bf16"], result["fp8"] = str(bf16), str(fp8)
+    meta = {"records": args.records, "seed": args.seed, "tokens": args.tokens, "tokenizer": str(bf16)}
+    meta_file = work / "records-meta.json"
+    if not (meta_file.is_file() and json.loads(meta_file.read_text()) == meta and (work / "encoded.json").is_file()):
+        from transformers import AutoTokenizer
+
+        from bench.records import make_records
+        from clef_head.encoder import encode_request
+        from clef_head.request import parse_request
+
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(bf16)
+        bodies = make_records(tokenizer, args.records, seed=args.seed, tokens=args.tokens)
+        encoded = [encode_request(tokenizer, parse_request(body), max_length=args.max_model_len) for body in bodies]
+        _write_json(work / "records.json", bodies)
+        _write_json(
+            work / "encoded.json", [{"input_ids": item.input_ids, "layout": item.layout.to_wire()} for item in encoded]
+        )
+        _write_json(meta_file, meta)
+        for stale in work.glob("logits-*.pt"):  # logits of other records cannot be compared
+            stale.unlink()
+        result["records_s"] = round(time.perf_counter() - started, 1)
+    ids, layouts = _load_encoded(work)
+    lengths = [len(item) for item in ids]
+    result["records"] = {
+        "count": len(ids),
+        "prompt_tokens": sum(lengths),
+        "mean_tokens": round(statistics.mean(lengths), 1),
+        "min_tokens": min(lengths),
+        "max_tokens": max(lengths),
+        "mean_questions": round(statistics.mean(len(layout.questions) for layout in layouts), 2),
+        "mean_options": round(statistics.mean(layout.option_count for layout in layouts), 2),
+    }
+    return result
+
+
+def _run_json(command: list[str], deadline: float) -> dict[str, Any]:
+    """Run a command that prints one JSON line last; raise with its stderr tail on failure."""
+    timeout = max(deadline - time.time(), 1)
+    _log("running " + " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[2]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- cases (child processes)
+
+
+def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
+    """The transformers reference engine in BF16, and its backbone/head time split."""
+    import torch
+
+    from clef_head.encoder import EncodedRequest
+    from clef_head.reference import TransformersScorer
+
+    ids, layouts = _load_encoded(work)
+    ids = ids[: args.transformers_records or len(ids)]
+    encoded = [EncodedRequest(input_ids=i, layout=layout) for i, layout in zip(ids, layouts)]
+    result: dict[str, Any] = {"fla": importlib.util.find_spec("fla") is not None}
+    started = time.perf_counter()
+    scorer = TransformersScorer(
+        releases["bf16"], device=args.device, dtype=torch.bfloat16,
+        max_length=args.max_model_len, max_batch_tokens=args.transformers_batch_tokens,
+    )
+    _sync(args.device)
+    result["start_s"] = round(time.perf_counter() - started, 2)
+    started = time.perf_counter()
+    scorer.score(encoded[:WARMUP_RECORDS])
+    _sync(args.device)
+    result["warmup_s"] = round(time.perf_counter() - started, 2)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    logits = scorer.score(encoded)
+    _sync(args.device)
+    result.update(_rates(len(encoded), sum(map(len, ids)), time.perf_counter() - started))
+    result["memory"] = _gpu_memory(args.device)
+    _save_logits(work, "transformers", logits)
+
+    # Backbone vs head on the same length-sorted batches (a subset).
+    subset = sorted(encoded[: min(len(encoded), 256)], key=lambda item: len(item.input_ids))
+    per_batch = max(1, args.transformers_batch_tokens // max(len(item.input_ids) for item in subset))
+    backbone_s = head_s = 0.0
+    for start in range(0, len(subset), per_batch):
+        batch = subset[start : start + per_batch]
+        _sync(args.device)
+        t0 = time.perf_counter()
+        hidden = scorer.hidden_states(batch)
+        _sync(args.device)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            scorer.head(
+                hidden, [torch.tensor(item.input_ids, device=scorer.device) for item in batch],
+                [item.layout for item in batch], scorer.lm_head_weight,
+            )
+        _sync(args.device)
+        backbone_s, head_s = backbone_s + t1 - t0, head_s + time.perf_counter() - t1
+    result["split"] = {
+        "records": len(subset),
+        "records_per_batch": per_batch,
+        "backbone_ms_per_record": round(1000 * backbone_s / len(subset), 3),
+        "head_ms_per_record": round(1000 * head_s / len(subset), 3),
+        "head_share": round(head_s / (head_s + backbone_s), 4),
+    }
+    return result
+
+
+def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
+    """The head alone on random hidden states: ms per record at several batch sizes."""
+    import torch
+    from safetensors import safe_open
+
+    from clef_head.checkpoint import load_head
+
+    ids, layouts = _load_encoded(work)
+    dtype = torch.bfloat16
+    head = load_head(releases["bf16"], device=args.device, dtype=dtype)
+    release = Path(releases["bf16"])
+    index = release / "model.safetensors.index.json"
+    shard = json.loads(index.read_text())["weight_map"]["lm_head.weight"] if index.is_file() else "model.safetensors"
+    with safe_open(str(release / shard), framework="pt", device=args.device) as handle:
+        lm_head = handle.get_tensor("lm_head.weight").to(dtype)
+    generator = torch.Generator(device=args.device).manual_seed(0)
+    result: dict[str, Any] = {"dtype": "bfloat16"}
+    for batch in (1, 16, 64):
+        count = min(len(ids), max(batch, 64 if args.device.startswith("cuda") else batch))
+        records = [
+            (torch.randn(len(ids[i]), head.config.hidden_size, generator=generator, device=args.device, dtype=dtype),
+             torch.tensor(ids[i], device=args.device), layouts[i])
+            for i in range(count)
+        ]
+
+        def run() -> None:
+            with torch.inference_mode():
+                for start in range(0, count, batch):
+                    chunk = records[start : start + batch]
+                    head([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk], lm_head)
+
+        run()
+        _sync(args.device)
+        started = time.perf_counter()
+        run()
+        _sync(args.device)
+        result[f"batch_{batch}_ms_per_record"] = round(1000 * (time.perf_counter() - started) / count, 3)
+    result["memory"] = _gpu_memory(args.device)
+    return result
+
+
+def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str) -> dict[str, Any]:
+    """vLLM + plugin on the BF16 or FP8 release: throughput over all records, then single-record latency."""
+    import vllm
+
+    import clef_plugin
+
+    ids, layouts = _load_encoded(work)
+    extra: dict[str, Any] = dict(json.loads(args.engine_args))
+    if args.device.startswith("cuda"):
+        extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
+    kwargs = clef_plugin.engine_kwargs(
+        releases[precision],
+        max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        **extra,
+    )
+    result: dict[str, Any] = {
+        "vllm": vllm.__version__,
+        "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
+    }
+    started = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    result["start_s"] = round(time.perf_counter() - started, 2)
+    prompts = [{"prompt_token_ids": item} for item in ids]
+    params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
+
+    def encode(indices: range | list[int]) -> list[Any]:
+        outputs = llm.encode(
+            [prompts[i] for i in indices], pooling_params=[params[i] for i in indices],
+            pooling_task=clef_plugin.POOLING_TASK, use_tqdm=False,
+        )
+        return [clef_plugin.option_logits(output) for output in outputs]
+
+    started = time.perf_counter()
+    encode(range(min(WARMUP_RECORDS, len(ids))))
+    result["warmup_s"] = round(time.perf_counter() - started, 2)
+    started = time.perf_counter()
+    logits = encode(range(len(ids)))
+    result.update(_rates(len(ids), sum(map(len, ids)), time.perf_counter() - started))
+    result["memory"] = _gpu_memory(args.device)
+    _save_logits(work, f"vllm-{precision}", logits)
+    latencies = []
+    for index in range(min(LATENCY_RECORDS, len(ids))):
+        started = time.perf_counter()
+        encode([index])
+        latencies.append(1000 * (time.perf_counter() - started))
+    result["single_record_ms"] = {
+        "p50": round(statistics.median(latencies), 2),
+        "p95": round(sorted(latencies)[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
+    }
+    del llm
+    return result
+
+
+def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
+    """``python -m predictor`` on the FP8 release with the vLLM engine, then closed-loop HTTP clients."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from bench.http_load import run_load
+
+    for module in ("kserve", "httpx", "predictor"):
+        if importlib.util.find_spec(module) is None:
+            return {"skipped": f"{module} is not importable here (install the 'serve' extra)"}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable, "-m", "predictor", "--model-dir", releases["fp8"], "--model-name", "clef-flash",
+        "--engine", "vllm", "--http_port", str(port), "--max-model-len", str(args.max_model_len),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+    ] + (["--enforce-eager"] if args.enforce_eager else [])
+    log_file = (work / "http-predictor.log").open("w")
+    started = time.perf_counter()
+    server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    result: dict[str, Any] = {"command": " ".join(command)}
+    try:
+        ready_url = f"http://127.0.0.1:{port}/v1/models/clef-flash"
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"predictor exited with {server.returncode}; see {work / 'http-predictor.log'}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.perf_counter() - started > args.http_ready_timeout:
+                raise TimeoutError(f"predictor not ready within {args.http_ready_timeout} s")
+            time.sleep(1)
+        result["ready_s"] = round(time.perf_counter() - started, 1)
+        bodies = json.loads((work / "records.json").read_text())
+        url = f"http://127.0.0.1:{port}/v1/systemone"
+        run_load(url, bodies[: min(8, len(bodies))], clients=1)  # connection and first-request warm-up
+        result["loads"] = []
+        for clients in args.http_clients:
+            count = min(len(bodies), max(args.http_requests, 4 * clients)) if clients > 1 else min(len(bodies), 64)
+            _log(f"http: {clients} clients, {count} requests")
+            result["loads"].append(run_load(url, bodies[:count], clients=clients))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log_file.close()
+    return result
+
+
+CASE_FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
+    "transformers": case_transformers,
+    "head": case_head,
+    "vllm-bf16": lambda args, work, releases: case_vllm(args, work, releases, "bf16"),
+    "vllm-fp8": lambda args, work, releases: case_vllm(args, work, releases, "fp8"),
+    "http": case_http,
+}
+
+
+def run_child(args: argparse.Namespace) -> int:
+    """Entry of a case's own process: run it, write its result file (errors included)."""
+    work = Path(args.work)
+    releases = json.loads((work / "releases.json").read_text())
+    result_file = work / "results" / f"{args.run_case}.json"
+    try:
+        result = CASE_FUNCTIONS[args.run_case](args, work, releases)
+        status = 0
+    except Exception as exc:  # noqa: BLE001 (every failure is reported in the summary, with its traceback)
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+        status = 1
+    result["case"] = args.run_case
+    _write_json(result_file, result)
+    return status
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def _child_command(args: argparse.Namespace, case: str) -> list[str]:
+    command = [sys.executable, "-m", "bench.gpu_benchmark", "--run-case", case, "--work", str(args.work),
+               "--device", args.device, "--max-model-len", str(args.max_model_len),
+               "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+               "--transformers-batch-tokens", str(args.transformers_batch_tokens),
+               "--transformers-records", str(args.transformers_records or 0),
+               "--engine-args", args.engine_args, "--http-clients", ",".join(map(str, args.http_clients)),
+               "--http-requests", str(args.http_requests), "--http-ready-timeout", str(args.http_ready_timeout),
+               "--enforce-eager" if args.enforce_eager else "--cuda-graphs"]
+    for flag, value in (("--max-num-batched-tokens", args.max_num_batched_tokens), ("--max-num-seqs", args.max_num_seqs)):
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def run_case_process(args: argparse.Namespace, case: str, deadline: float) -> dict[str, Any]:
+    """Run one case in its own process with the time left; return its result (or why it has none)."""
+    result_file = Path(args.work) / "results" / f"{case}.json"
+    result_file.unlink(missing_ok=True)
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    timeout = max(deadline - time.time(), 1)
+    log_path = Path(args.work) / f"case-{case}.log"
+    _log(f"case {case}: starting (at most {timeout:.0f} s, log {log_path})")
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        try:
+            subprocess.run(_child_command(args, case), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"case": case, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
+    if not result_file.is_file():
+        tail = log_path.read_text()[-3000:]
+        return {"case": case, "error": "the case process died without a result", "log_tail": tail}
+    result = json.loads(result_file.read_text())
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def agreement(work: Path) -> dict[str, Any]:
+    """Top-1 agreement and KL for every pair of cases whose logits exist in ``work``."""
+    import torch
+
+    from bench.agreement import question_agreement
+
+    _, layouts = _load_encoded(work)
+    found: dict[str, Any] = {}
+    for reference, candidate in AGREEMENT_PAIRS:
+        files = [work / f"logits-{name}.pt" for name in (reference, candidate)]
+        if all(path.is_file() for path in files):
+            first, second = torch.load(files[0]), torch.load(files[1])
+            common = min(len(first), len(second))  # the transformers case may score a prefix only
+            found[f"{reference} vs {candidate}"] = question_agreement(layouts[:common], first[:common], second[:common])
+    return found
+
+
+def summarize(work: Path, summary: dict[str, Any]) -> str:
+    """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
+    rows = [f"{'case':<14}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
+    for case in ENGINE_CASES:
+        path = work / "results" / f"{case}.json"
+        if not path.is_file():
+            continue
+        r = json.loads(path.read_text())
+        if "error" in r:
+            rows.append(f"{case:<14}{'':>56}  ERROR {r['error'][:60]}")
+            continue
+        p50 = r.get("single_record_ms", {}).get("p50", "")
+        used = r.get("memory", {}).get("device_used_gib", "")
+        note = f"fla={r['fla']} head share {r['split']['head_share']:.1%}" if case == "transformers" else ""
+        rows.append(
+            f"{case:<14}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
+            f"{used:>10}{p50:>9}  {note}"
+        )
+    for pair, value in summary.get("agreement", {}).items():
+        rows.append(f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
+                    f"({value['questions']} questions)")
+    head = summary.get("cases", {}).get("head") or {}
+    if "batch_16_ms_per_record" in head:
+        rows.append(f"head alone: {head['batch_1_ms_per_record']} / {head['batch_16_ms_per_record']} / "
+                    f"{head['batch_64_ms_per_record']} ms per record at batch 1 / 16 / 64")
+    http = summary.get("cases", {}).get("http") or {}
+    for load in http.get("loads", []):
+        rows.append(f"http {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
+                    f"{load['prompt_tokens_per_s']} tok/s, p50 {load['p50_ms']} ms, p95 {load['p95_ms']} ms, "
+                    f"errors {load['errors']}")
+    return "\n".join(rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_benchmark", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/clef-gpu-benchmark"), help="releases, records, logits, logs")
+    parser.add_argument("--out", type=Path, default=None, help="summary folder (default: $OUT, else --work)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma list from {', '.join(CASES)}")
+    parser.add_argument("--device", default="cuda", help="cuda or cpu (smoke runs)")
+    parser.add_argument("--scale", choices=("full", "tiny"), default="full", help="shape of the built release")
+    parser.add_argument("--bf16", default=None, help="existing BF16 release (default: build one in --work)")
+    parser.add_argument("--fp8", default=None, help="existing FP8 release (default: quantize the BF16 one)")
+    parser.add_argument("--records", type=int, default=1400)
+    parser.add_argument("--tokens", type=int, default=512, help="mean prompt length of the records")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-budget", type=float, default=540.0, help="seconds; stages that would not fit are skipped")
+    parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true", default=True,
+                        help="vLLM without torch.compile and CUDA graphs (default)")
+    parser.add_argument("--cuda-graphs", dest="enforce_eager", action="store_false",
+                        help="vLLM with torch.compile and CUDA graphs")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--engine-args", default="{}", help="JSON object of extra vllm.LLM keyword arguments")
+    parser.add_argument("--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch")
+    parser.add_argument("--transformers-records", type=int, default=None,
+                        help="score only the first N records in the transformers case (default: all)")
+    parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64])
+    parser.add_argument("--http-requests", type=int, default=512, help="requests per multi-client HTTP load")
+    parser.add_argument("--http-ready-timeout", type=float, default=300.0)
+    parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the asked stages within the time budget; print a table and write the JSON summary."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.work = args.work.resolve()
+    if args.run_case:
+        return run_child(args)
+    cases = [case.strip() for case in args.cases.split(",") if case.strip()]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    try:
+        json.loads(args.engine_args)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--engine-args is not JSON: {exc}")
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else (args.out or args.work)
+    deadline = time.time() + args.time_budget
+    scale_factor = 1.0 if args.scale == "full" else 0.2  # tiny releases start faster
+    args.work.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "note": "random weights: figures measure speed only; agreement bounds FP8's numerical effect",
+        "arguments": {key: str(value) for key, value in vars(args).items()},
+        "environment": _environment(),
+        "cases": {},
+    }
+    status = 0
+    try:
+        summary["prepare"] = prepare(args, args.work, deadline)
+        _write_json(args.work / "releases.json", {"bf16": summary["prepare"]["bf16"], "fp8": summary["prepare"]["fp8"]})
+    except Exception as exc:  # noqa: BLE001 (nothing else can run without the releases and records)
+        summary["prepare"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+        status = 1
+    if status == 0:
+        for case in cases:
+            if case == "prepare":
+                continue
+            left = deadline - time.time()
+            if left < MIN_SECONDS[case] * scale_factor:
+                summary["cases"][case] = {"skipped": f"time budget: {left:.0f} s left, needs ~{MIN_SECONDS[case] * scale_factor:.0f} s"}
+                _log(f"case {case}: skipped ({left:.0f} s left)")
+                continue
+            summary["cases"][case] = run_case_process(args, case, deadline)
+            if "error" in summary["cases"][case]:
+                status = 1
+                _log(f"case {case}: FAILED {summary['cases'][case]['error']}")
+            else:
+                _log(f"case {case}: done")
+        try:
+            summary["agreement"] = agreement(args.work)
+        except Exception as exc:  # noqa: BLE001
+            summary["agreement_error"] = f"{type(exc).__name__}: {exc}"
+            status = 1
+    _write_json(out / "gpu_benchmark.json", summary)
+    if status == 0 or summary.get("cases"):
+        print(summarize(args.work, summary), flush=True)
+    if "error" in summary["prepare"]:
+        print(summary["prepare"]["error"], file=sys.stderr)
+    _log(f"summary written to {out / 'gpu_benchmark.json'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
