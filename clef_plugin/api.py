@@ -20,10 +20,6 @@ from clef_plugin.names import ARCHITECTURE, LAYOUT_KEY, POOLING_TASK
 if TYPE_CHECKING:
     from vllm import LLM, PoolingParams
 
-HEAD_FILES_IGNORED = ["original/**/*", "joint_head.safetensors"]
-"""Weight files vLLM must not read (vLLM's default, plus the head, which the model loads itself)."""
-
-
 def engine_kwargs(
     model_dir: str | Path,
     *,
@@ -56,7 +52,6 @@ def engine_kwargs(
         "language_model_only": True,
         "enable_prefix_caching": False,
         "enable_chunked_prefill": True,
-        "ignore_patterns": list(HEAD_FILES_IGNORED),
         "max_model_len": max_model_len,
         "dtype": dtype,
         "enforce_eager": enforce_eager,

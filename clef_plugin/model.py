@@ -75,7 +75,12 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         return self.language_model.lm_head.weight[: self.vocab_size]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load the backbone through vLLM (head tensors skipped), then the head from the release."""
+        """Load the backbone through vLLM, then the head from the release.
+
+        vLLM reads every ``*.safetensors`` at a local release's root, ``joint_head.safetensors``
+        included; those tensors (and any ``joint_head.*`` names) are dropped here, before vLLM's
+        loader could try to place them in the backbone.
+        """
         head_names = head_weight_names(self.release_dir)
         backbone = (
             (name, tensor)

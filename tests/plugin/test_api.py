@@ -1,0 +1,98 @@
+"""The plugin's public API without an engine: names, engine arguments, pooling parameters, results."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import clef_plugin
+from clef_head.layout import LayoutError, QuestionLayout, RecordLayout
+from clef_plugin.pooler import error_record
+
+pytestmark = pytest.mark.vllm
+
+LAYOUT = RecordLayout(
+    questions=(
+        QuestionLayout("urgent", 0, (3, 5), ((6, 8), (9, 11)), ("true", "false")),
+        QuestionLayout("team", 1, (12, 14), ((15, 16), (17, 19), (20, 22)), ("a", "b", "c")),
+    )
+)
+
+
+def test_contract_names() -> None:
+    """The names other components code against."""
+    assert clef_plugin.ARCHITECTURE == "ClefQwen3_5ForJointSchema"
+    assert clef_plugin.POOLING_TASK == "token_embed"
+    assert clef_plugin.LAYOUT_KEY == "clef_layout"
+
+
+def test_importing_the_package_does_not_import_vllm() -> None:
+    """Processes that only build requests (the predictor's frontend) stay light."""
+    code = "import sys, clef_plugin; assert 'vllm' not in sys.modules, 'vllm was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_register_adds_the_architecture_and_its_config_rules() -> None:
+    """register() is idempotent and makes vLLM know the architecture lazily."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from clef_plugin.engine_config import ClefEngineConfig
+
+    clef_plugin.register()
+    clef_plugin.register()
+    assert clef_plugin.ARCHITECTURE in ModelRegistry.get_supported_archs()
+    assert MODELS_CONFIG_MAP[clef_plugin.ARCHITECTURE] is ClefEngineConfig
+
+
+def test_engine_kwargs() -> None:
+    """Pooling runner, our architecture and task, text only, chunked prefill on, prefix caching off."""
+    kwargs = clef_plugin.engine_kwargs("/models/clef", max_model_len=8192, max_num_seqs=4, tensor_parallel_size=2)
+    assert kwargs["model"] == "/models/clef"
+    assert kwargs["runner"] == "pooling"
+    assert kwargs["hf_overrides"] == {"architectures": [clef_plugin.ARCHITECTURE]}
+    assert kwargs["pooler_config"].task == clef_plugin.POOLING_TASK
+    assert kwargs["language_model_only"] is True
+    assert kwargs["enable_prefix_caching"] is False
+    assert kwargs["enable_chunked_prefill"] is True
+    assert kwargs["max_model_len"] == 8192
+    assert kwargs["max_num_seqs"] == 4
+    assert kwargs["tensor_parallel_size"] == 2
+    assert "max_num_batched_tokens" not in kwargs
+
+
+def test_engine_kwargs_refuses_prefix_caching() -> None:
+    """Asking for prefix caching is an error with a reason."""
+    with pytest.raises(ValueError, match="enable_prefix_caching must stay off"):
+        clef_plugin.engine_kwargs("/models/clef", enable_prefix_caching=True)
+
+
+def test_pooling_params_carry_the_layout() -> None:
+    """The wire layout travels under LAYOUT_KEY and comes back equal."""
+    params = clef_plugin.pooling_params(LAYOUT, prompt_length=30)
+    assert params.task == clef_plugin.POOLING_TASK
+    assert RecordLayout.from_wire(params.extra_kwargs[clef_plugin.LAYOUT_KEY], 30) == LAYOUT
+
+
+def test_pooling_params_refuse_a_layout_longer_than_the_prompt() -> None:
+    """A layout that does not fit its prompt never reaches the engine."""
+    with pytest.raises(LayoutError, match="past the prompt's 20 tokens"):
+        clef_plugin.pooling_params(LAYOUT, prompt_length=20)
+
+
+def _output(data: torch.Tensor) -> SimpleNamespace:
+    return SimpleNamespace(request_id="r1", outputs=SimpleNamespace(data=data))
+
+
+def test_option_logits() -> None:
+    """Logits come back as float32; error records and empty outputs raise."""
+    values = clef_plugin.option_logits(_output(torch.tensor([0.5, -1.0], dtype=torch.bfloat16)))
+    assert values.dtype == torch.float32 and values.tolist() == [0.5, -1.0]
+    with pytest.raises(LayoutError, match="request r1: layout.questions\\[0\\].type must be 0, 1 or 2"):
+        clef_plugin.option_logits(_output(error_record("layout.questions[0].type must be 0, 1 or 2", torch.device("cpu"))))
+    with pytest.raises(RuntimeError, match="returned no option logits"):
+        clef_plugin.option_logits(_output(torch.empty(0)))
