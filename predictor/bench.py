@@ -1,0 +1,176 @@
+"""Load tool: ``python -m predictor.bench`` — N concurrent clients against a running predictor.
+
+    python -m predictor.bench --url http://127.0.0.1:8080 --clients 8 --requests 200
+    python -m predictor.bench --direct --model-dir DIR --engine transformers --clients 8 --requests 200
+
+Prints requests/s, prompt tokens/s, p50/p95/p99 latency and errors. ``--direct`` calls the engine in
+this process (no HTTP) with the same requests: the difference in latency is the HTTP overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+MODEL_NAME = "clef-flash"
+
+
+def bench_request(index: int, model: str) -> dict[str, Any]:
+    """A representative System One request; the state varies with ``index``."""
+    return {
+        "model": model,
+        "state": {"ticket": f"Customer {index} was charged twice for plan {index % 3} and asks for a refund."},
+        "questions": {
+            "urgent": {"type": "noul", "instructions": "Does this need a reply today?"},
+            "topic": {"type": "choice", "criteria": {"billing": "money", "bug": None, "other": None}},
+            "tone": {"type": "score", "criteria": ["calm", "annoyed", "angry"]},
+        },
+    }
+
+
+@dataclass
+class Results:
+    """Latencies, token counts and errors of one run."""
+
+    latencies: list[float] = field(default_factory=list)
+    tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as a dict."""
+        ordered = sorted(self.latencies)
+
+        def pct(q: float) -> float:
+            return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else 0.0
+
+        return {
+            "requests": len(self.latencies),
+            "errors": sum(self.errors.values()),
+            "error_kinds": self.errors,
+            "seconds": round(self.seconds, 2),
+            "requests_per_s": round(len(self.latencies) / self.seconds, 2) if self.seconds else 0.0,
+            "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else 0.0,
+            "latency_ms_mean": round(1000 * statistics.fmean(ordered), 2) if ordered else 0.0,
+            "latency_ms_p50": pct(0.50),
+            "latency_ms_p95": pct(0.95),
+            "latency_ms_p99": pct(0.99),
+        }
+
+
+async def run_load(call: Callable[[int], Awaitable[int]], clients: int, requests: int) -> Results:
+    """``clients`` workers share ``requests`` calls; ``call`` returns the prompt tokens or raises."""
+    results = Results()
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        for index in counter:
+            started = time.perf_counter()
+            try:
+                results.tokens += await call(index)
+            except Exception as exc:  # counted and reported, the run goes on
+                kind = type(exc).__name__
+                results.errors[kind] = results.errors.get(kind, 0) + 1
+                continue
+            results.latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    results.seconds = time.perf_counter() - started
+    return results
+
+
+async def http_load(url: str, model: str, clients: int, requests: int, warmup: int) -> Results:
+    """Load over HTTP (``POST /v1/systemone``)."""
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def call(index: int) -> int:
+            response = await client.post("/v1/systemone", json=bench_request(index, model))
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}")
+            return int(response.json()["usage"]["input_tokens"])
+
+        await run_load(call, clients, warmup)
+        return await run_load(call, clients, requests)
+
+
+async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
+    """Load on the engine in this process (validation, encoding, scoring; no HTTP), one run per client count."""
+    from predictor.engines import EngineSpec, build_engine
+    from predictor.service import ModelCard, SystemOneService
+
+    engine = build_engine(
+        EngineSpec(
+            kind=args.engine,
+            model_dir=args.model_dir,
+            max_length=args.max_model_len,
+            max_batch=args.max_batch,
+            data_parallel=args.dp,
+        )
+    )
+    await engine.start()
+    service = SystemOneService(engine, ModelCard(args.model, "bench", "1970-01-01"))
+    service.ready = True
+
+    async def call(index: int) -> int:
+        response = await service.answer(bench_request(index, args.model))
+        return int(response["usage"]["input_tokens"])
+
+    runs = []
+    try:
+        for clients in args.clients:
+            await run_load(call, clients, args.warmup)
+            runs.append((clients, await run_load(call, clients, args.requests)))
+    finally:
+        engine.close()
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(prog="python -m predictor.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="predictor base URL")
+    parser.add_argument("--model", default=MODEL_NAME, help="model name in the requests")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64], help="concurrent clients (several: one run each)")
+    parser.add_argument("--requests", type=int, default=128, help="requests per run")
+    parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per run")
+    direct = parser.add_argument_group("direct (no HTTP)")
+    direct.add_argument("--direct", action="store_true", help="call the engine in this process instead of HTTP")
+    direct.add_argument("--model-dir", type=Path, help="release folder (with --direct)")
+    direct.add_argument("--engine", default="transformers", choices=("auto", "vllm", "transformers"))
+    direct.add_argument("--max-model-len", type=int, default=1024)
+    direct.add_argument("--max-batch", type=int, default=32)
+    direct.add_argument("--dp", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.direct and args.model_dir is None:
+        parser.error("--direct needs --model-dir")
+    if args.direct:
+        runs = asyncio.run(direct_load(args))
+    else:
+        runs = [
+            (clients, asyncio.run(http_load(args.url, args.model, clients, args.requests, args.warmup)))
+            for clients in args.clients
+        ]
+    for clients, results in runs:
+        summary = {"mode": "direct" if args.direct else "http", "clients": clients, **results.summary()}
+        if args.json:
+            print(json.dumps(summary))
+        else:
+            print(
+                f"{summary['mode']:6} clients={clients:3d} requests={summary['requests']} errors={summary['errors']} "
+                f"req/s={summary['requests_per_s']} tok/s={summary['tokens_per_s']} "
+                f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms"
+            )
+
+if __name__ == "__main__":
+    main()
