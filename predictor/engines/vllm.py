@@ -71,7 +71,7 @@ class VllmEngine(Engine):
 
     async def score(self, encoded: EncodedRequest) -> torch.Tensor:
         """Option logits of one prompt (one ``encode`` request to the engine)."""
-        params = self._plugin.pooling_params(encoded.layout)
+        params = self._plugin.pooling_params(encoded.layout, len(encoded.input_ids))
         final = None
         self._pending += 1
         self._in_flight.inc()

@@ -114,6 +114,16 @@ def simple_request(state: object = "I was charged twice for my subscription", mo
     }
 
 
+def distinct_requests(count: int) -> list[dict]:
+    """``count`` requests that differ in state and in question ids (a mixed-up answer cannot pass)."""
+    bodies = []
+    for i in range(count):
+        body = simple_request(state={"ticket": f"customer {i} writes about case {i * 7}" + " again" * i})
+        body["questions"] = {f"{key}_{i}": question for key, question in body["questions"].items()}
+        bodies.append(body)
+    return bodies
+
+
 def assert_same_answer(actual: dict, expected: dict, atol: float = 2e-4) -> None:
     """Equal responses; numbers (rounded to 4 decimals) may differ by ``atol`` (batched vs single float sums)."""
     assert actual["model"] == expected["model"]

@@ -16,6 +16,7 @@ from tests.predictor.conftest import (
     PROBES,
     Predictor,
     assert_same_answer,
+    distinct_requests,
     simple_request,
     start_predictor,
     stop,
@@ -169,7 +170,7 @@ def test_typesafe_sdk(server: Predictor, compression: str | bool) -> None:
 
 
 def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Client) -> None:
-    bodies = [simple_request(state={"ticket": f"customer {i} writes about case {i * 7}"}) for i in range(8)]
+    bodies = distinct_requests(8)
     alone = [client.post("/v1/systemone", json=body).json() for body in bodies]
 
     async def burst() -> list[httpx.Response]:

@@ -1,0 +1,99 @@
+"""One real predictor on the CPU build of vLLM (tiny random release) shared by every test here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from tests.predictor.conftest import (
+    MODEL_NAME,
+    PROBES,
+    Predictor,
+    assert_same_answer,
+    distinct_requests,
+    simple_request,
+    start_predictor,
+    stop,
+)
+
+pytestmark = pytest.mark.vllm
+
+# BF16 on the CPU: a record's logits depend slightly on what it is batched with in the engine.
+BF16_ATOL = 2e-2
+
+
+@pytest.fixture(scope="module")
+def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    """The shared vLLM server."""
+    pytest.importorskip("vllm")
+    running = start_predictor(
+        tmp_path_factory.mktemp("predictor-vllm"),
+        "--model-dir", str(tiny_release),
+        "--engine", "vllm",
+        "--max-model-len", "512",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    yield running
+    assert stop(running) == 0, running.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server: Predictor) -> Iterator[httpx.Client]:
+    """HTTP client for the shared server."""
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        yield http
+
+
+def test_ready_only_after_warm_up(server: Predictor, client: httpx.Client) -> None:
+    assert "engine: vllm" in server.log()
+    assert server.rounds[0] == dict.fromkeys((*PROBES, "POST /v1/systemone"), 503), server.rounds
+    assert "warm-up finished" in server.log_at_first_ready
+    assert all(client.get(path).status_code == 200 for path in PROBES)
+
+
+def test_every_route_gives_the_same_answer(server: Predictor, client: httpx.Client) -> None:
+    import typesafe_sdk
+
+    alone = client.post("/v1/systemone", json=simple_request()).json()
+    assert alone["model"] == MODEL_NAME and alone["answers"].keys() == {"urgent", "topic", "tone"}
+    assert_same_answer(client.post("/jev/v1/systemone", json=simple_request()).json(), alone, BF16_ATOL)
+    predicted = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [simple_request()]}).json()
+    assert_same_answer(predicted["predictions"][0], alone, BF16_ATOL)
+    v2 = {"inputs": [{"name": "request", "datatype": "BYTES", "shape": [1], "data": [json.dumps(simple_request())]}]}
+    inferred = client.post(f"/v2/models/{MODEL_NAME}/infer", json=v2).json()
+    assert_same_answer(json.loads(inferred["outputs"][0]["data"][0]), alone, BF16_ATOL)
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300) as sdk:
+        response = sdk.system_one({"ticket": "charged twice " * 100}, {"urgent": typesafe_sdk.Noul(instructions="Urgent?")})
+    assert response.model == MODEL_NAME and response.nouls["urgent"].noul is not None
+
+
+def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Client) -> None:
+    bodies = distinct_requests(8)
+    alone = [client.post("/v1/systemone", json=body).json() for body in bodies]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=client.base_url, timeout=600) as http:
+            return await asyncio.gather(*(http.post("/v1/systemone", json=bodies[i % 8]) for i in range(64)))
+
+    responses = asyncio.run(burst())
+    assert [response.status_code for response in responses] == [200] * 64
+    for index, response in enumerate(responses):
+        assert_same_answer(response.json(), alone[index % 8], BF16_ATOL)
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({**simple_request(), "images": [{"url": "https://example.com/a.png"}]}, 400, "images"),
+        ({**simple_request(), "model": "other"}, 404, "model"),
+        ({"model": MODEL_NAME, "state": 1, "questions": {f"q{i}": {"type": "noul", "instructions": "Holds? " * 8} for i in range(12)}}, 400, "questions"),
+    ],
+)
+def test_bad_input(client: httpx.Client, body: dict, status: int, param: str) -> None:
+    response = client.post("/v1/systemone", json=body)
+    assert response.status_code == status and response.json()["error"]["param"] == param
