@@ -41,7 +41,6 @@ ENGINE_CASES = ("transformers", "vllm-bf16", "vllm-fp8")
 MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "vllm-bf16": 120, "vllm-fp8": 120, "http": 150}
 AGREEMENT_PAIRS = (("vllm-bf16", "vllm-fp8"), ("transformers", "vllm-bf16"), ("transformers", "vllm-fp8"))
 WARMUP_RECORDS = 32
-LATENCY_RECORDS = 32
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -331,7 +330,7 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     result["memory"] = _gpu_memory(args.device)
     _save_logits(work, f"vllm-{precision}", logits)
     latencies = []
-    for index in range(min(LATENCY_RECORDS, len(ids))):
+    for index in range(min(args.latency_records, len(ids))):
         started = time.perf_counter()
         encode([index])
         latencies.append(1000 * (time.perf_counter() - started))
@@ -434,7 +433,8 @@ def _child_command(args: argparse.Namespace, case: str) -> list[str]:
                "--transformers-batch-tokens", str(args.transformers_batch_tokens),
                "--transformers-records", str(args.transformers_records or 0),
                "--engine-args", args.engine_args, "--http-clients", ",".join(map(str, args.http_clients)),
-               "--http-requests", str(args.http_requests), "--http-ready-timeout", str(args.http_ready_timeout),
+               "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
+               "--http-ready-timeout", str(args.http_ready_timeout),
                "--enforce-eager" if args.enforce_eager else "--cuda-graphs"]
     for flag, value in (("--max-num-batched-tokens", args.max_num_batched_tokens), ("--max-num-seqs", args.max_num_seqs)):
         if value is not None:
@@ -543,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch")
     parser.add_argument("--transformers-records", type=int, default=None,
                         help="score only the first N records in the transformers case (default: all)")
+    parser.add_argument("--latency-records", type=int, default=32, help="records sent one at a time for latency")
     parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64])
     parser.add_argument("--http-requests", type=int, default=512, help="requests per multi-client HTTP load")
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)

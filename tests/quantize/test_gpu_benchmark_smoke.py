@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _smoke(work: Path, cases: str) -> dict:
     command = [
         sys.executable, "-m", "bench.gpu_benchmark", "--device", "cpu", "--scale", "tiny", "--records", "8",
-        "--tokens", "192", "--work", str(work), "--out", str(work), "--cases", cases, "--time-budget", "1200",
+        "--tokens", "192", "--latency-records", "2", "--work", str(work), "--out", str(work), "--cases", cases, "--time-budget", "1200",
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=_env())
     summary = json.loads((work / "gpu_benchmark.json").read_text())
