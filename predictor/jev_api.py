@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, ORJSONResponse
+from fastapi.responses import JSONResponse
 
 from predictor.errors import UNAVAILABLE, ApiError
 from predictor.http_body import decode_json_body
@@ -20,12 +20,12 @@ from predictor.service import SystemOneService
 JEV_PREFIX = "/jev"
 
 
-def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[ORJSONResponse]]:
+def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[JSONResponse]]:
     """The ``POST /v1/systemone`` handler."""
 
-    async def system_one(request: Request) -> ORJSONResponse:
+    async def system_one(request: Request) -> JSONResponse:
         body = decode_json_body(await request.body(), request.headers.get("content-type", ""))
-        return ORJSONResponse(await service.answer(body))
+        return JSONResponse(await service.answer(body))
 
     return system_one
 
