@@ -75,11 +75,12 @@ async def run_load(call: Callable[[int], Awaitable[int]], clients: int, requests
         for index in counter:
             started = time.perf_counter()
             try:
-                results.tokens += await call(index)
+                tokens = await call(index)  # not `results.tokens += await ...`: that loses concurrent updates
             except Exception as exc:  # counted and reported, the run goes on
                 kind = type(exc).__name__
                 results.errors[kind] = results.errors.get(kind, 0) + 1
                 continue
+            results.tokens += tokens
             results.latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
