@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from clef_plugin.compat import QWEN3_5_CONFIG_HOOK
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +22,7 @@ class ClefEngineConfig(QWEN3_5_CONFIG_HOOK):
     """Qwen3.5's own config rules, plus: prefix caching is always off."""
 
     @staticmethod
-    def verify_and_update_config(vllm_config) -> None:  # noqa: ANN001 (vllm.config.VllmConfig)
+    def verify_and_update_config(vllm_config: VllmConfig) -> None:
         """Apply Qwen3.5's rules, then force ``enable_prefix_caching`` off (with a warning)."""
         QWEN3_5_CONFIG_HOOK.verify_and_update_config(vllm_config)
         if vllm_config.cache_config.enable_prefix_caching:
