@@ -20,6 +20,7 @@ from clef_plugin.names import ARCHITECTURE, LAYOUT_KEY, POOLING_TASK
 if TYPE_CHECKING:
     from vllm import LLM, PoolingParams
 
+
 def engine_kwargs(
     model_dir: str | Path,
     *,

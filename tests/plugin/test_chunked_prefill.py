@@ -13,7 +13,8 @@ from tests.plugin.parity import assert_parity, encode_with_engine
 
 pytestmark = pytest.mark.vllm
 
-TOKEN_BUDGET = 64  # tokens per engine step; the shortest parity prompt is well over 150 tokens
+TOKEN_BUDGET = 128  # tokens per engine step; parity prompts are ~170 to ~700 tokens (median ~390)
+RECORDS = 30  # a subset of the parity records: on the CPU every engine step has a large fixed cost
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +30,8 @@ def test_parity_with_prompts_split_over_many_steps(llm: Any, parity_reference: S
     scheduler = llm.llm_engine.vllm_config.scheduler_config
     assert scheduler.enable_chunked_prefill
     assert scheduler.max_num_batched_tokens == TOKEN_BUDGET
-    shortest = min(len(item.input_ids) for item in parity_reference.encoded)
-    assert shortest > 2 * TOKEN_BUDGET
-    logits = encode_with_engine(llm, parity_reference.encoded)
-    assert_parity(
-        f"vllm cpu, bf16, chunked prefill ({TOKEN_BUDGET}-token steps)",
-        parity_reference.encoded,
-        parity_reference.logits,
-        logits,
-        TOLERANCE,
-    )
+    encoded, reference = parity_reference.encoded[:RECORDS], parity_reference.logits[:RECORDS]
+    lengths = sorted(len(item.input_ids) for item in encoded)
+    assert lengths[0] > TOKEN_BUDGET and lengths[len(lengths) // 2] > 2 * TOKEN_BUDGET
+    logits = encode_with_engine(llm, encoded)
+    assert_parity(f"vllm cpu, bf16, chunked prefill ({TOKEN_BUDGET}-token steps)", encoded, reference, logits, TOLERANCE)
