@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m predictor.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="predictor base URL")
     parser.add_argument("--model", default=MODEL_NAME, help="model name in the requests")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64], help="concurrent clients (several: one run each)")
+    parser.add_argument(
+        "--clients", type=int, nargs="+", default=[1, 8, 64], help="concurrent clients (several: one run each)"
+    )
     parser.add_argument("--requests", type=int, default=128, help="requests per run")
     parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each run")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run")

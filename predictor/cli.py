@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("clef")
     group.add_argument("--model-dir", type=Path, default=None, help="release folder (default: the random demo release)")
     group.add_argument("--model-name", dest="model_name", help="served model name (same as --model_name)")
-    group.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM when usable, else transformers")
+    group.add_argument(
+        "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM when usable, else transformers"
+    )
     group.add_argument("--dp", type=int, default=1, help="data-parallel engines (one per GPU) behind one port")
     group.add_argument(
         "--max-model-len",
@@ -67,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish in-flight requests on SIGTERM")
     group.add_argument("--json-logs", action="store_true", help="one JSON line per inference request on stdout")
     group.add_argument("--description", default=None, help="model description in GET /jev/v1/models")
-    group.add_argument("--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models (default: config.json date)")
+    group.add_argument(
+        "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models (default: config.json date)"
+    )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
     parser.set_defaults(model_name="clef-flash")
     return parser

@@ -1,6 +1,6 @@
-"""ASGI middleware for request bodies: a size limit (413) and ``Content-Encoding`` (zstd, gzip; else 415).
+"""Request bodies: a size limit (413), ``Content-Encoding`` (zstd, gzip; else 415) and JSON decoding.
 
-It runs in front of every route, KServe's included, so each route reads a plain, bounded body.
+The middleware runs in front of every route, KServe's included, so each route reads a plain, bounded body.
 Decompressed bodies are bounded by the same limit (a small compressed body cannot expand without end).
 """
 

@@ -43,10 +43,11 @@ def test_demo_release_is_built_and_said_to_be_random(demo_server: Predictor) -> 
 
 
 def test_data_parallel_engines_share_the_load(demo_server: Predictor) -> None:
+    def ask(index: int) -> int:
+        return httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(index), timeout=600).status_code
+
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        statuses = list(
-            pool.map(lambda i: httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(i), timeout=600).status_code, range(16))
-        )
+        statuses = list(pool.map(ask, range(16)))
     assert statuses == [200] * 16
     metrics = httpx.get(f"{demo_server.url}/metrics").text
     for engine in ("transformers-0", "transformers-1"):
