@@ -24,6 +24,7 @@ The summary goes to ``$OUT/gpu_benchmark.json`` when ``OUT`` is set, else ``--ou
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -348,7 +349,7 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     import urllib.error
     import urllib.request
 
-    from bench.http_load import run_load
+    from predictor.bench import http_load
 
     for module in ("kserve", "httpx", "predictor"):
         if importlib.util.find_spec(module) is None:
@@ -381,13 +382,13 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
             time.sleep(1)
         result["ready_s"] = round(time.perf_counter() - started, 1)
         bodies = json.loads((work / "records.json").read_text())
-        url = f"http://127.0.0.1:{port}/v1/systemone"
-        run_load(url, bodies[: min(8, len(bodies))], clients=1)  # connection and first-request warm-up
+        url = f"http://127.0.0.1:{port}"
         result["loads"] = []
         for clients in args.http_clients:
             count = min(len(bodies), max(args.http_requests, 4 * clients)) if clients > 1 else min(len(bodies), 64)
             _log(f"http: {clients} clients, {count} requests")
-            result["loads"].append(run_load(url, bodies[:count], clients=clients))
+            load = asyncio.run(http_load(url, clients, count, warmup=min(8, count), body=bodies.__getitem__))
+            result["loads"].append({"clients": clients, **load.summary()})
     finally:
         server.terminate()
         try:
@@ -512,7 +513,7 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
     http = summary.get("cases", {}).get("http") or {}
     for load in http.get("loads", []):
         rows.append(f"http {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
-                    f"{load['prompt_tokens_per_s']} tok/s, p50 {load['p50_ms']} ms, p95 {load['p95_ms']} ms, "
+                    f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
                     f"errors {load['errors']}")
     return "\n".join(rows)
 

@@ -15,6 +15,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -89,13 +90,15 @@ async def run_load(call: Callable[[int], Awaitable[int]], clients: int, requests
     return results
 
 
-async def http_load(url: str, model: str, clients: int, requests: int, warmup: int) -> Results:
-    """Load over HTTP (``POST /v1/systemone``)."""
+async def http_load(
+    url: str, clients: int, requests: int, warmup: int, body: Callable[[int], dict[str, Any]]
+) -> Results:
+    """Load over HTTP (``POST /v1/systemone``); ``body(index)`` gives the request sent as call ``index``."""
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
 
         async def call(index: int) -> int:
-            response = await client.post("/v1/systemone", json=bench_request(index, model))
+            response = await client.post("/v1/systemone", json=body(index))
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}")
             return int(response.json()["usage"]["input_tokens"])
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = asyncio.run(direct_load(args))
     else:
         runs = [
-            (clients, asyncio.run(http_load(args.url, args.model, clients, args.requests, args.warmup)))
+            (clients, asyncio.run(http_load(args.url, clients, args.requests, args.warmup, partial(bench_request, model=args.model))))
             for clients in args.clients
         ]
     for clients, results in runs:

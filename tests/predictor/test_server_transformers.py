@@ -186,6 +186,19 @@ def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Clien
     assert float(batches[0].split()[-1]) / float(counts[0].split()[-1]) > 1, "requests were never batched"
 
 
+def test_load_tool_counts_requests_tokens_and_errors(server: Predictor, client: httpx.Client) -> None:
+    from predictor.bench import http_load
+
+    bodies = distinct_requests(4)
+    tokens = sum(client.post("/v1/systemone", json=body).json()["usage"]["input_tokens"] for body in bodies)
+    good = asyncio.run(http_load(server.url, clients=3, requests=8, warmup=1, body=lambda i: bodies[i % 4])).summary()
+    assert (good["requests"], good["errors"]) == (8, 0)
+    assert good["tokens_per_s"] * good["seconds"] == pytest.approx(2 * tokens, rel=1e-2)  # both rounded
+    assert 0 < good["latency_ms_p50"] <= good["latency_ms_p95"] <= good["latency_ms_p99"]
+    bad = asyncio.run(http_load(server.url, clients=2, requests=4, warmup=0, body=lambda i: {"model": "nope"})).summary()
+    assert (bad["requests"], bad["errors"], bad["error_kinds"]) == (0, 4, {"RuntimeError": 4})
+
+
 def test_compressed_bodies(client: httpx.Client, single_answer: dict) -> None:
     from backports.zstd import compress
 
