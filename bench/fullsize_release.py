@@ -26,7 +26,16 @@ from typing import Any
 import torch
 
 from clef_head.head import HeadConfig
-from clef_head.tiny import RANDOM_MARKER, SPECIAL_TOKENS, TINY_HEAD, build_tokenizer, random_head, save_head
+from clef_head.tiny import (
+    RANDOM_MARKER,
+    SPECIAL_TOKENS,
+    TINY_HEAD,
+    TINY_TEXT_SHAPE,
+    backbone_config,
+    build_tokenizer,
+    random_head,
+    save_head,
+)
 
 FULL_TEXT: dict[str, Any] = dict(
     vocab_size=248320,
@@ -44,80 +53,17 @@ FULL_TEXT: dict[str, Any] = dict(
     max_position_embeddings=262144,
     mrope_section=[11, 11, 10],
 )
-TINY_TEXT: dict[str, Any] = dict(
-    vocab_size=1024,
-    hidden_size=TINY_HEAD.hidden_size,
-    intermediate_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=64,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=64,
-    linear_value_head_dim=64,
-    linear_conv_kernel_dim=4,
-    max_position_embeddings=32768,
-    mrope_section=[3, 3, 2],
-)
 FULL_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 SCALES: dict[str, tuple[dict[str, Any], HeadConfig, str]] = {
     "full": (FULL_TEXT, FULL_HEAD, "5GB"),
-    "tiny": (TINY_TEXT, TINY_HEAD, "1MB"),  # small shards: the sharded layout is exercised on the CPU too
+    "tiny": (TINY_TEXT_SHAPE, TINY_HEAD, "1MB"),  # small shards: the sharded layout is exercised on the CPU too
 }
 DTYPES = {"bf16": torch.bfloat16}
 
 
 def model_config(scale: str, token_id: dict[str, int]) -> Any:
     """The ``Qwen3_5Config`` of ``scale`` (text shape above, one-block vision tower)."""
-    from transformers import Qwen3_5Config
-
-    shape = dict(SCALES[scale][0])
-    mrope_section = shape.pop("mrope_section")
-    layers = shape["num_hidden_layers"]
-    text = dict(
-        shape,
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        full_attention_interval=4,
-        hidden_act="silu",
-        rms_norm_eps=1e-6,
-        initializer_range=0.02,
-        tie_word_embeddings=False,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": mrope_section,
-            "mrope_interleaved": True,
-        },
-        eos_token_id=token_id["<|im_end|>"],
-        pad_token_id=token_id["<|endoftext|>"],
-        bos_token_id=None,
-        dtype="bfloat16",
-    )
-    vision = dict(
-        depth=1,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=2,
-        in_channels=3,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        out_hidden_size=shape["hidden_size"],
-        num_position_embeddings=64,
-    )
-    config = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=token_id["<|image_pad|>"],
-        video_token_id=token_id["<|video_pad|>"],
-        vision_start_token_id=token_id["<|vision_start|>"],
-        vision_end_token_id=token_id["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    return config
+    return backbone_config(SCALES[scale][0], token_id)
 
 
 def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:

@@ -14,6 +14,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,32 +90,46 @@ def build_tokenizer(out: Path) -> object:
     return fast
 
 
-def _backbone_config(token_id: dict[str, int]) -> object:
+TINY_TEXT_SHAPE: dict[str, Any] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=TINY_HEAD.hidden_size,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=32768,
+    mrope_section=[3, 3, 2],
+)
+"""Text-model sizes of the tiny release (dims from the lists vLLM's CPU kernels accept)."""
+
+
+def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any:
+    """A ``Qwen3_5Config``: the given text sizes, every fourth layer full attention, a one-block vision tower."""
     from transformers import Qwen3_5Config
 
+    shape = dict(text_shape)
+    mrope_section = shape.pop("mrope_section")
     text = dict(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=TINY_HEAD.hidden_size,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        shape,
+        layer_types=[
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["num_hidden_layers"])
+        ],
         full_attention_interval=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        linear_conv_kernel_dim=4,
-        max_position_embeddings=32768,
+        hidden_act="silu",
         rms_norm_eps=1e-6,
+        initializer_range=0.02,
         tie_word_embeddings=False,
         rope_parameters={
             "rope_type": "default",
             "rope_theta": 10000000.0,
             "partial_rotary_factor": 0.25,
-            "mrope_section": [3, 3, 2],
+            "mrope_section": mrope_section,
             "mrope_interleaved": True,
         },
         eos_token_id=token_id["<|im_end|>"],
@@ -131,7 +146,7 @@ def _backbone_config(token_id: dict[str, int]) -> object:
         patch_size=16,
         spatial_merge_size=2,
         temporal_patch_size=2,
-        out_hidden_size=TINY_HEAD.hidden_size,
+        out_hidden_size=shape["hidden_size"],
         num_position_embeddings=64,
     )
     config = Qwen3_5Config(
@@ -187,7 +202,7 @@ def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") 
     tokenizer = build_tokenizer(path)
     token_id = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(_backbone_config(token_id)).to(torch.bfloat16).eval()
+    model = Qwen3_5ForConditionalGeneration(backbone_config(TINY_TEXT_SHAPE, token_id)).to(torch.bfloat16).eval()
     with torch.no_grad():  # non-trivial norm weights: a wrong norm convention must show up in tests
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
