@@ -3,7 +3,8 @@
 Parameter names and shapes follow Clef's released ``joint_head.safetensors`` so a release loads
 with ``strict=True``. The forward pass takes many records at once (one step of a serving engine):
 span means, projections and scoring run over all options of all records together; only the two
-attention stacks see a padded [records, items, width] view.
+attention stacks see padded [records, items, width] views, built per group of records of similar
+prompt length so padding stays small.
 """
 
 from __future__ import annotations
@@ -154,6 +155,32 @@ def _pad(rows: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Ten
     return padded, padding
 
 
+MAX_PADDING = 0.25
+"""Attention runs on records grouped so padding adds at most this share to a group's memory tokens."""
+
+
+def _length_groups(lengths: list[int], max_padding: float = MAX_PADDING) -> list[list[int]]:
+    """Record indices grouped, longest first, so each group pads little when stacked."""
+    groups: list[list[int]] = []
+    total = 0
+    for record in sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True):
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= (1 + max_padding) * (total + lengths[record]):
+            groups[-1].append(record)
+            total += lengths[record]
+        else:
+            groups.append([record])
+            total = lengths[record]
+    return groups
+
+
+def _rows(counts: list[int], records: list[int], device: torch.device) -> torch.Tensor:
+    """Flat row indices of ``records`` when each record owns ``counts[r]`` consecutive rows."""
+    starts = [0]
+    for count in counts[:-1]:
+        starts.append(starts[-1] + count)
+    return torch.cat([torch.arange(starts[r], starts[r] + counts[r]) for r in records]).to(device)
+
+
 class JointSchemaHead(nn.Module):
     """Scores every option of every question of each record jointly."""
 
@@ -227,7 +254,12 @@ class JointSchemaHead(nn.Module):
         token_ids = torch.cat(list(input_ids)).to(device)
 
         normed = self.hidden_norm(tokens)
-        memory, memory_padding = _pad(self.memory_projection(normed), index.record_lengths)
+        projected_memory = self.memory_projection(normed)
+        groups = []  # (records, padded memory, its padding mask): attention sees one group at a time
+        for records in _length_groups(index.record_lengths):
+            rows = _rows(index.record_lengths, records, device)
+            memory, padding = _pad(projected_memory[rows], [index.record_lengths[r] for r in records])
+            groups.append((records, memory, padding))
         last_tokens = index.record_offsets + torch.tensor(index.record_lengths, device=device) - 1
         global_vectors = normed[last_tokens]
 
@@ -245,10 +277,13 @@ class JointSchemaHead(nn.Module):
             + self.option_lexical_projection(lexical)
             + self.option_question_projection(question_vectors)[option_question]
         )
-        routed, option_padding = _pad(queries, index.options_per_record)
-        for layer in self.evidence_layers:
-            routed = layer(routed, memory, memory_padding)
-        routed = routed[~option_padding]
+        routed = torch.empty_like(queries)
+        for records, memory, memory_padding in groups:
+            rows = _rows(index.options_per_record, records, device)
+            options, option_padding = _pad(queries[rows], [index.options_per_record[r] for r in records])
+            for layer in self.evidence_layers:
+                options = layer(options, memory, memory_padding)
+            routed[rows] = options[~option_padding]
 
         base_fields = self.question_projection(question_vectors)
         routing_scores = (routed * base_fields[option_question]).sum(-1) / math.sqrt(routed.shape[-1])
@@ -260,12 +295,16 @@ class JointSchemaHead(nn.Module):
             + self.global_projection(global_vectors)[index.question_record]
             + self.type_embedding(index.question_types)
         )
-        fields, field_padding = _pad(fields, index.questions_per_record)
-        for layer in self.layers:
-            fields = layer(
-                fields, memory, tgt_key_padding_mask=field_padding, memory_key_padding_mask=memory_padding
-            )
-        fields = self.field_norm(fields[~field_padding])
+        decided = torch.empty_like(fields)
+        for records, memory, memory_padding in groups:
+            rows = _rows(index.questions_per_record, records, device)
+            group_fields, field_padding = _pad(fields[rows], [index.questions_per_record[r] for r in records])
+            for layer in self.layers:
+                group_fields = layer(
+                    group_fields, memory, tgt_key_padding_mask=field_padding, memory_key_padding_mask=memory_padding
+                )
+            decided[rows] = group_fields[~field_padding]
+        fields = self.field_norm(decided)
 
         option_record = index.question_record[option_question]
         anchor = F.normalize(question_vectors[option_question] + global_vectors[option_record], dim=-1)
