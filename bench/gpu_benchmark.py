@@ -18,7 +18,7 @@ Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memo
 (top-1 per question, mean KL(BF16 ‖ FP8)) is computed from the logits the cases saved in ``--work``,
 also across invocations, so the cases may run in separate calls. Weights are random: figures measure
 speed, and agreement on random weights only bounds the numerical effect of FP8.
-The summary goes to ``$OUT/gpu_benchmark.json`` when ``OUT`` is set, else ``--out`` (default: --work).
+The summary goes to ``--out``/gpu_benchmark.json (default: the --work folder).
 """
 
 from __future__ import annotations
@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Command-line options."""
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/clef-gpu-benchmark"), help="releases, records, logits, logs")
-    parser.add_argument("--out", type=Path, default=None, help="summary folder (default: $OUT, else --work)")
+    parser.add_argument("--out", type=Path, default=None, help="summary folder (default: --work)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list from {', '.join(CASES)}")
     parser.add_argument("--device", default="cuda", help="cuda or cpu (smoke runs)")
     parser.add_argument("--scale", choices=("full", "tiny"), default="full", help="shape of the built release")
@@ -567,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         json.loads(args.engine_args)
     except json.JSONDecodeError as exc:
         parser.error(f"--engine-args is not JSON: {exc}")
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else (args.out or args.work)
+    out = args.out or args.work
     deadline = time.time() + args.time_budget
     scale_factor = 1.0 if args.scale == "full" else 0.2  # tiny releases start faster
     args.work.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@
 Offline: builds tiny random releases itself (``clef_head.tiny``; FP8 with ``python -m
 clef_head.quantize``), scores the same seeded records with the transformers reference (BF16, on
 CUDA) and with vLLM through the plugin (``engine_kwargs`` + one ``llm.encode`` call), then prints
-one JSON summary and writes it to ``$OUT/plugin_gpu_parity.json`` when ``$OUT`` is set.
+one JSON summary and writes it to ``WORKDIR/plugin_gpu_parity.json``.
 
 Each stage (reference per release, every vLLM case) runs in its own subprocess with a time limit,
 so a crash or hang in one case is reported and the others still run. FP8 cases are compared with
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -272,9 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = drive(args)
     text = json.dumps(summary, indent=2)
     print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["OUT"]) / "plugin_gpu_parity.json").write_text(text + "\n")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    (args.workdir / "plugin_gpu_parity.json").write_text(text + "\n")
     cases = summary["cases"].values()
     return 0 if cases and all(case.get("ok") for case in cases) else 1
 
