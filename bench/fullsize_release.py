@@ -35,6 +35,7 @@ from clef_head.tiny import (
     build_tokenizer,
     random_head,
     save_head,
+    save_processor,
 )
 
 FULL_TEXT: dict[str, Any] = dict(
@@ -86,18 +87,6 @@ def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed:
     return model.eval()
 
 
-def _save_processor(path: Path, tokenizer: Any) -> None:
-    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-    processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
-        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
-        tokenizer=tokenizer,
-        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
-    )
-    processor.save_pretrained(path)
-
-
 def build_release(
     out: str | Path, scale: str = "full", device: str = "cuda", dtype: str = "bf16", seed: int = 0
 ) -> dict[str, Any]:
@@ -127,7 +116,7 @@ def build_release(
     if target.type == "cuda":
         torch.cuda.empty_cache()
     saved = time.perf_counter()
-    _save_processor(path, tokenizer)
+    save_processor(path, tokenizer)
     save_head(random_head(head_config, seed), path)
     (path / RANDOM_MARKER).write_text(
         f"Random weights (seed {seed}, {scale} shape), built by bench.fullsize_release for speed "

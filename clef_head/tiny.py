@@ -162,6 +162,19 @@ def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any
     return config
 
 
+def save_processor(path: Path, tokenizer: Any) -> None:
+    """Write the release's processor files (Qwen3-VL processor around ``tokenizer``), as real releases have."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        tokenizer=tokenizer,
+        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    processor.save_pretrained(path)
+
+
 def random_head(config: HeadConfig, seed: int) -> JointSchemaHead:
     """A randomly initialised head whose scalar gates are non-zero."""
     generator = torch.Generator().manual_seed(seed + 1)
@@ -188,12 +201,7 @@ def save_head(head: JointSchemaHead, folder: Path, dtype: torch.dtype = torch.bf
 
 def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") -> TinyRelease:
     """Write a complete random release to ``out``; ``layout`` places the head (release: root, fp8: clef_head/)."""
-    from transformers import (
-        Qwen2VLImageProcessor,
-        Qwen3_5ForConditionalGeneration,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-    )
+    from transformers import Qwen3_5ForConditionalGeneration
 
     if layout not in ("release", "fp8"):
         raise ValueError(f"layout must be 'release' or 'fp8', got {layout!r}")
@@ -208,13 +216,7 @@ def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") 
             if name.endswith("norm.weight"):
                 parameter.add_(torch.randn(parameter.shape) * 0.1)
     model.save_pretrained(path)
-    processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
-        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
-        tokenizer=tokenizer,
-        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
-    )
-    processor.save_pretrained(path)
+    save_processor(path, tokenizer)
     head_folder = path / HEAD_SUBFOLDER if layout == "fp8" else path
     save_head(random_head(TINY_HEAD, seed), head_folder)
     (path / RANDOM_MARKER).write_text(

@@ -124,6 +124,23 @@ def distinct_requests(count: int) -> list[dict]:
     return bodies
 
 
+def assert_concurrent_answers_match_single(client: httpx.Client, atol: float = 2e-4) -> None:
+    """64 concurrent requests (8 distinct bodies) all succeed, each equal to its body's single answer."""
+    import asyncio
+
+    bodies = distinct_requests(8)
+    alone = [client.post("/v1/systemone", json=body).json() for body in bodies]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=client.base_url, timeout=600) as http:
+            return await asyncio.gather(*(http.post("/v1/systemone", json=bodies[i % 8]) for i in range(64)))
+
+    responses = asyncio.run(burst())
+    assert [response.status_code for response in responses] == [200] * 64
+    for index, response in enumerate(responses):
+        assert_same_answer(response.json(), alone[index % 8], atol)
+
+
 def assert_same_answer(actual: dict, expected: dict, atol: float = 2e-4) -> None:
     """Equal responses; numbers (rounded to 4 decimals) may differ by ``atol`` (batched vs single float sums)."""
     assert actual["model"] == expected["model"]

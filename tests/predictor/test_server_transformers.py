@@ -15,6 +15,7 @@ from tests.predictor.conftest import (
     MODEL_NAME,
     PROBES,
     Predictor,
+    assert_concurrent_answers_match_single,
     assert_same_answer,
     distinct_requests,
     simple_request,
@@ -170,17 +171,7 @@ def test_typesafe_sdk(server: Predictor, compression: str | bool) -> None:
 
 
 def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Client) -> None:
-    bodies = distinct_requests(8)
-    alone = [client.post("/v1/systemone", json=body).json() for body in bodies]
-
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=client.base_url, timeout=600) as http:
-            return await asyncio.gather(*(http.post("/v1/systemone", json=bodies[i % 8]) for i in range(64)))
-
-    responses = asyncio.run(burst())
-    assert [response.status_code for response in responses] == [200] * 64
-    for index, response in enumerate(responses):
-        assert_same_answer(response.json(), alone[index % 8])
+    assert_concurrent_answers_match_single(client)
     batches = [line for line in client.get("/metrics").text.splitlines() if line.startswith("clef_batch_size_sum")]
     counts = [line for line in client.get("/metrics").text.splitlines() if line.startswith("clef_batch_size_count")]
     assert float(batches[0].split()[-1]) / float(counts[0].split()[-1]) > 1, "requests were never batched"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Iterator
@@ -14,8 +13,8 @@ from tests.predictor.conftest import (
     MODEL_NAME,
     PROBES,
     Predictor,
+    assert_concurrent_answers_match_single,
     assert_same_answer,
-    distinct_requests,
     simple_request,
     start_predictor,
     stop,
@@ -73,17 +72,7 @@ def test_every_route_gives_the_same_answer(server: Predictor, client: httpx.Clie
 
 
 def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Client) -> None:
-    bodies = distinct_requests(8)
-    alone = [client.post("/v1/systemone", json=body).json() for body in bodies]
-
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=client.base_url, timeout=600) as http:
-            return await asyncio.gather(*(http.post("/v1/systemone", json=bodies[i % 8]) for i in range(64)))
-
-    responses = asyncio.run(burst())
-    assert [response.status_code for response in responses] == [200] * 64
-    for index, response in enumerate(responses):
-        assert_same_answer(response.json(), alone[index % 8], BF16_ATOL)
+    assert_concurrent_answers_match_single(client, BF16_ATOL)
 
 
 @pytest.mark.parametrize(
