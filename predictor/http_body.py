@@ -33,29 +33,16 @@ def _too_large(limit: int, what: str = "request body") -> ApiError:
     )
 
 
-def _gunzip(data: bytes, limit: int) -> bytes:
-    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = decompressor.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise bad_request(f"the gzip request body is corrupt: {exc}") from None
-    if len(out) > limit:
-        raise _too_large(limit, "decompressed request body")
-    if not decompressor.eof:
-        raise bad_request("the gzip request body is truncated")
-    return out
-
-
-def _unzstd(data: bytes, limit: int) -> bytes:
-    decompressor = ZstdDecompressor()
+def _decompress(name: str, decompressor: Any, errors: type[Exception], data: bytes, limit: int) -> bytes:
+    """One ``name``-encoded body through ``decompressor``, refusing corrupt, truncated or oversized ones."""
     try:
         out = decompressor.decompress(data, max_length=limit + 1)
-    except ZstdError as exc:
-        raise bad_request(f"the zstd request body is corrupt: {exc}") from None
+    except errors as exc:
+        raise bad_request(f"the {name} request body is corrupt: {exc}") from None
     if len(out) > limit:
         raise _too_large(limit, "decompressed request body")
     if not decompressor.eof:
-        raise bad_request("the zstd request body is truncated")
+        raise bad_request(f"the {name} request body is truncated")
     return out
 
 
@@ -72,9 +59,9 @@ def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
             )
     for coding in reversed(codings):
         if coding == "gzip":
-            body = _gunzip(body, limit)
+            body = _decompress("gzip", zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), zlib.error, body, limit)
         elif coding == "zstd":
-            body = _unzstd(body, limit)
+            body = _decompress("zstd", ZstdDecompressor(), ZstdError, body, limit)
     return body
 
 

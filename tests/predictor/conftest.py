@@ -167,3 +167,10 @@ def predictor_env() -> Iterator[None]:
     pytest.importorskip("kserve")
     pytest.importorskip("typesafe_sdk")
     yield
+
+
+@pytest.fixture(scope="module")
+def client(server: Predictor) -> Iterator[httpx.Client]:
+    """HTTP client for the module's shared ``server`` (each server test module defines that fixture)."""
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        yield http

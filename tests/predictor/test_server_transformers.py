@@ -44,13 +44,6 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
 
 
 @pytest.fixture(scope="module")
-def client(server: Predictor) -> Iterator[httpx.Client]:
-    """HTTP client for the shared server."""
-    with httpx.Client(base_url=server.url, timeout=300) as http:
-        yield http
-
-
-@pytest.fixture(scope="module")
 def single_answer(client: httpx.Client) -> dict:
     """The answer to :func:`simple_request`, asked alone."""
     response = client.post("/v1/systemone", json=simple_request())

@@ -41,13 +41,6 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
     assert stop(running) == 0, running.log()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def client(server: Predictor) -> Iterator[httpx.Client]:
-    """HTTP client for the shared server."""
-    with httpx.Client(base_url=server.url, timeout=300) as http:
-        yield http
-
-
 def test_ready_only_after_warm_up(server: Predictor, client: httpx.Client) -> None:
     assert "engine: vllm" in server.log()
     assert server.rounds[0] == dict.fromkeys((*PROBES, "POST /v1/systemone"), 503), server.rounds
