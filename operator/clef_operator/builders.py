@@ -5,6 +5,7 @@ KServe objects are plain dicts in the API's camelCase, ready to be sent as JSON.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -12,6 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from clef_operator.constants import (
+    COMPILE_CACHE_DIR,
+    COMPILE_CACHE_ENV,
+    COMPILE_CACHE_VOLUME,
     DECISION_LABEL,
     GPU_RESOURCE,
     KSERVE_API_VERSION,
@@ -94,6 +98,22 @@ def build_probes(spec: ClefDecisionSpec) -> dict[str, dict[str, Any]]:
     }
 
 
+def build_env(spec: ClefDecisionSpec) -> list[dict[str, str]]:
+    """The container's environment: the model's storage URI and the compile-cache directories."""
+    return [
+        {"name": "STORAGE_URI", "value": spec.model.storageUri},
+        *({"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()),
+    ]
+
+
+def build_volumes(spec: ClefDecisionSpec) -> list[dict[str, Any]]:
+    """The pod's volumes: a memory-backed /dev/shm and the compile cache (the spec's volume source)."""
+    return [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.predictor.shmSize}},
+        {"name": COMPILE_CACHE_VOLUME, **copy.deepcopy(spec.predictor.compileCache)},
+    ]
+
+
 def build_predictor_container(spec: ClefDecisionSpec, gpus: int) -> dict[str, Any]:
     """The predictor container (named as KServe expects, so its storage initializer fills /mnt/models)."""
     container: dict[str, Any] = {
@@ -101,10 +121,13 @@ def build_predictor_container(spec: ClefDecisionSpec, gpus: int) -> dict[str, An
         "image": spec.image(),
         "command": ["python", "-m", "predictor"],
         "args": build_predictor_args(spec, gpus),
-        "env": [{"name": "STORAGE_URI", "value": spec.model.storageUri}],
+        "env": build_env(spec),
         "ports": [{"containerPort": PREDICTOR_PORT, "name": "http", "protocol": "TCP"}],
         "resources": build_resources(spec, gpus),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_DIR},
+        ],
         **build_probes(spec),
     }
     if spec.predictor.imagePullPolicy:
@@ -144,7 +167,7 @@ def build_inferenceservice(
                 "nodeSelector": {pool.label_key: pool.name},
                 "tolerations": [dict(toleration) for toleration in spec.tolerations],
                 "containers": [build_predictor_container(spec, gpus)],
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.predictor.shmSize}}],
+                "volumes": build_volumes(spec),
             }
         },
     }

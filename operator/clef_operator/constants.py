@@ -47,3 +47,13 @@ FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 # The predictor's contract: port and the warm-up-gated model endpoint.
 PREDICTOR_PORT = 8080
 MODEL_DIR = "/mnt/models"
+
+# The compile cache: vLLM's torch.compile artifacts and Triton's kernels on a volume, so restarts reuse them.
+COMPILE_CACHE_VOLUME = "compile-cache"
+COMPILE_CACHE_DIR = "/var/cache/clef"
+VLLM_CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
+TRITON_CACHE_DIR_ENV = "TRITON_CACHE_DIR"
+COMPILE_CACHE_ENV: dict[str, str] = {
+    VLLM_CACHE_ROOT_ENV: f"{COMPILE_CACHE_DIR}/vllm",
+    TRITON_CACHE_DIR_ENV: f"{COMPILE_CACHE_DIR}/triton",
+}

@@ -7,6 +7,7 @@ condition naming the field instead of a half-built InferenceService.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from clef_operator.constants import FP8_MIN_COMPUTE_CAPABILITY
+from clef_operator.constants import COMPILE_CACHE_VOLUME, FP8_MIN_COMPUTE_CAPABILITY
 
 STORAGE_URI_PATTERN = r"^(pvc|s3|gs|hf|oci)://.+"
 MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
@@ -31,6 +32,16 @@ MANAGED_FLAGS: tuple[str, ...] = (
     "--max-model-len",
     "--http_port",
 )
+
+# Kubernetes volume sources a compile cache may use: the writable ones (configMap, secret, downwardAPI,
+# projected and image volumes are read-only; gitRepo is deprecated).
+CACHE_VOLUME_SOURCES: tuple[str, ...] = (
+    "emptyDir", "ephemeral", "hostPath", "persistentVolumeClaim", "nfs", "csi",
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "fc", "flexVolume", "flocker",
+    "gcePersistentDisk", "glusterfs", "iscsi", "photonPersistentDisk", "portworxVolume", "quobyte", "rbd",
+    "scaleIO", "storageos", "vsphereVolume",
+)
+DEFAULT_COMPILE_CACHE: dict[str, Any] = {"emptyDir": {}}
 
 
 class _Model(BaseModel):
@@ -75,7 +86,7 @@ class StartupBudget(_Model):
 
 
 class Predictor(_Model):
-    """The predictor container: image, resources, serving limits, extra CLI flags."""
+    """The predictor container: image, resources, serving limits, extra CLI flags, compile-cache volume."""
 
     image: str | None = Field(default=None, min_length=1)
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
@@ -84,6 +95,7 @@ class Predictor(_Model):
     extraArgs: list[str] = Field(default_factory=list)
     shmSize: str = Field(default="16Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
     startupProbe: StartupBudget = Field(default_factory=StartupBudget)
+    compileCache: dict[str, Any] = Field(default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE))
 
     @field_validator("resources")
     @classmethod
@@ -91,6 +103,24 @@ class Predictor(_Model):
         unknown = sorted(set(value) - {"requests", "limits"})
         if unknown:
             raise ValueError(f"unknown keys {unknown}: only requests and limits are allowed")
+        return value
+
+    @field_validator("compileCache")
+    @classmethod
+    def _one_volume_source(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "name" in value:
+            raise ValueError(f"name is set by the operator (the volume is always named {COMPILE_CACHE_VOLUME}); "
+                             "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}")
+        if len(value) != 1:
+            found = ", ".join(sorted(value)) or "none"
+            raise ValueError(f"must name exactly one volume source (e.g. persistentVolumeClaim, hostPath, "
+                             f"emptyDir), found {len(value)}: {found}")
+        ((source, settings),) = value.items()
+        if source not in CACHE_VOLUME_SOURCES:
+            raise ValueError(f"{source!r} is not a writable Kubernetes volume source; use one of "
+                             f"{', '.join(CACHE_VOLUME_SOURCES)}")
+        if not isinstance(settings, dict):  # pydantic turns ValueError, not TypeError, into a field error
+            raise ValueError(f"{source} must be an object (e.g. {{}}), not {type(settings).__name__}")  # noqa: TRY004
         return value
 
     @field_validator("extraArgs")

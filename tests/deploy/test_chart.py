@@ -59,6 +59,9 @@ def test_helm_lint_strict(values: list) -> None:
         (["servingRuntime.gpus=0"], "/servingRuntime/gpus"),
         (["operator.replicas=2", "peering.enabled=false"], "needs peering.enabled=true"),
         (["serviceAccount.create=false"], "serviceAccount.name is required"),
+        (["servingRuntime.compileCache.configMap.name=c"], "invalid propertyName 'configMap'"),
+        (["servingRuntime.compileCache.emptyDir.medium=", "servingRuntime.compileCache.hostPath.path=/x"],
+         "/servingRuntime/compileCache"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(sets: list[str], message: str) -> None:
@@ -98,6 +101,7 @@ def test_cluster_serving_runtime_is_cluster_scoped(render: Render) -> None:
     runtime = one(render(sets=["servingRuntime.enabled=true"]), "ClusterServingRuntime")
     assert runtime["metadata"]["name"] == "clef-serving-predictor"
     assert "namespace" not in runtime["metadata"]
+    assert runtime["spec"]["volumes"][1] == {"name": "compile-cache", "emptyDir": {}}  # the default
 
 
 @pytest.mark.parametrize("fixture", ["rendered_default", "rendered_all_on"])
@@ -197,7 +201,18 @@ def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v1/models/{{.Name}}"
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
-    assert runtime["spec"]["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    assert container["env"] == [
+        {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
+    ]
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "compile-cache", "mountPath": "/var/cache/clef"},
+    ]
+    assert runtime["spec"]["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
+    ]
 
 
 def render_notes(tmp_path: pathlib.Path, values: list[pathlib.Path]) -> str:

@@ -40,8 +40,13 @@ SPECS: dict[str, dict[str, Any]] = {
             "extraArgs": ["--log-level=debug"],
             "shmSize": "32Gi",
             "startupProbe": {"periodSeconds": 15, "failureThreshold": 240},
+            "compileCache": {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
         },
         "deploymentMode": "Knative",
+    },
+    "host-path-cache": {
+        "model": {"storageUri": "pvc://clef-models/clef-flash-fp8"},
+        "predictor": {"compileCache": {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}}},
     },
 }
 

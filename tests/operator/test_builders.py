@@ -50,10 +50,17 @@ def test_predictor_contract() -> None:
         "--model-dir", "/mnt/models", "--model-name", "clef-flash", "--engine", "vllm", "--dp", "4",
         "--max-model-len", "4096", "--http_port", "8080", "--log-level=debug",
     ]
-    assert {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"} in container["env"]
+    assert container["env"] == [
+        {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
+        {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
+    ]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
-    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "compile-cache", "mountPath": "/var/cache/clef"},
+    ]
 
 
 def test_probes_wait_for_warm_up() -> None:
@@ -72,8 +79,27 @@ def test_pod_placement_and_shm() -> None:
     assert predictor["nodeSelector"] == {"cloud.google.com/gke-nodepool": "h100-pool"}
     assert predictor["tolerations"] == [toleration]
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (3, 3)
-    assert predictor["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]
+    assert predictor["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
+        {"name": "compile-cache", "emptyDir": {}},
+    ]
     assert "tolerations" not in _isvc()["spec"]["predictor"]
+
+
+@pytest.mark.parametrize("source", [
+    {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
+    {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}},
+    {"emptyDir": {"sizeLimit": "20Gi"}},
+])
+def test_compile_cache_volume_is_the_specs_source(source: dict[str, Any]) -> None:
+    spec = _spec(predictor={"compileCache": source})
+    predictor = b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
+    assert predictor["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        {"name": "compile-cache", **source},
+    ]
+    predictor["volumes"][1][next(iter(source))]["changed"] = True  # the body is a copy, not the spec's dict
+    assert spec.predictor.compileCache == source
 
 
 def test_pool_overrides_and_metadata() -> None:
@@ -103,6 +129,7 @@ def test_spec_hash_tracks_managed_fields_only() -> None:
 
     assert stamped() == stamped()
     assert stamped(predictor={"maxModelLen": 2048}) != stamped()
+    assert stamped(predictor={"compileCache": {"persistentVolumeClaim": {"claimName": "cache"}}}) != stamped()
 
 
 def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:

@@ -90,6 +90,21 @@ def test_schema_rejects_bad_input(crd: dict[str, Any]) -> None:
     assert errors(validator, {**EXAMPLE, "spec": {**EXAMPLE["spec"], "typo": 1}})
 
 
+def test_compile_cache_is_one_volume_source(crd: dict[str, Any]) -> None:
+    validator = crd_validator(crd, "v1alpha1")
+
+    def with_cache(cache: Any) -> dict[str, Any]:
+        return {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": {**EXAMPLE["spec"]["predictor"],
+                                                                      "compileCache": cache}}}
+
+    for cache in ({"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
+                  {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}}, {"emptyDir": {}}):
+        assert errors(validator, with_cache(cache)) == []
+        parse_spec(with_cache(cache)["spec"])
+    for cache in ({}, {"emptyDir": {}, "hostPath": {"path": "/x"}}, "emptyDir"):
+        assert any(p.startswith("spec.predictor.compileCache") for p in errors(validator, with_cache(cache)))
+
+
 def test_cel_rules_cover_dependent_fields(crd: dict[str, Any]) -> None:
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rules = [rule["rule"] for rule in spec["x-kubernetes-validations"]]

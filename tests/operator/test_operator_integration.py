@@ -89,6 +89,7 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         isvc = await cluster.get(f"{ISVCS.format(ns=NS)}/clef-l4-pool")
         predictor = isvc["spec"]["predictor"]
         assert predictor["nodeSelector"] == {"cloud.google.com/gke-nodepool": "l4-pool"}
+        assert predictor["volumes"][-1] == {"name": "compile-cache", "emptyDir": {}}
         owner = isvc["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["controller"]) == ("ClefDecision", DECISION, True)
 
@@ -113,12 +114,16 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         assert current["poolsReady"] == "2/2"
 
         # A spec change updates the children in place.
-        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"predictor": {"maxModelLen": 4096}}})
+        cache = {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}}
+        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}",
+                            {"spec": {"predictor": {"maxModelLen": 4096, "compileCache": cache}}})
 
         async def updated() -> bool:
             items = await cluster.items(ISVCS.format(ns=NS))
             return len(items) == 2 and all(
-                "4096" in item["spec"]["predictor"]["containers"][0]["args"] for item in items
+                "4096" in item["spec"]["predictor"]["containers"][0]["args"]
+                and item["spec"]["predictor"]["volumes"][-1] == {"name": "compile-cache", **cache}
+                for item in items
             )
 
         await eventually(updated)

@@ -31,10 +31,25 @@ def test_invalid_specs_name_the_field(spec: dict[str, Any], field: str) -> None:
         parse_spec(spec)
 
 
+@pytest.mark.parametrize(("cache", "message"), [
+    ({}, "must name exactly one volume source"),
+    ({"emptyDir": {}, "hostPath": {"path": "/x"}}, "found 2: emptyDir, hostPath"),
+    ({"name": "c", "emptyDir": {}}, ("name is set by the operator (the volume is always named compile-cache); "
+                                    "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}")),
+    ({"configMap": {"name": "c"}}, "'configMap' is not a writable Kubernetes volume source"),
+    ({"hostPath": "/var/cache/clef"}, "hostPath must be an object"),
+])
+def test_compile_cache_must_be_one_writable_volume_source(cache: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec({"model": MODEL, "predictor": {"compileCache": cache}})
+    assert str(caught.value).startswith("spec.predictor.compileCache: ") and message in str(caught.value)
+
+
 def test_defaults_and_bf16_on_ampere() -> None:
     spec = parse_spec({"model": MODEL})
     assert (spec.quantization, spec.minComputeCapability, spec.deploymentMode) == ("fp8", "8.9", "Standard")
     assert spec.model.name == "clef-flash" and spec.predictor.maxModelLen == 8192
+    assert spec.predictor.compileCache == {"emptyDir": {}}
     assert parse_spec({"model": MODEL, "quantization": "bf16", "minComputeCapability": "8.0"}).min_capability == (8, 0)
 
 
