@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 from pathlib import Path
 
@@ -28,10 +29,24 @@ log = logging.getLogger("predictor")
 
 DEFAULT_MAX_MODEL_LEN = 16384
 DEMO_MAX_MODEL_LEN = 1024
+# Every request is a prefill: a step of 16384 tokens holds ~32 prompts of 512 tokens (vLLM's own
+# offline default on large GPUs; its server default, 2048, would run them four at a time).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 DESCRIPTION = (
     "Clef-flash, Cloudflare's decision model (Qwen3.5-9B backbone + joint schema head): "
     "answers noul, choice and score questions about a JSON state."
 )
+
+
+def json_object(text: str) -> dict[str, object]:
+    """A command-line value that must be a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's GPU memory share")
     group.add_argument("--enforce-eager", action="store_true", help="vLLM: no CUDA graphs / torch.compile")
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="vLLM: prompt tokens per engine step (prefill only, so this is the batch size in tokens)",
+    )
+    group.add_argument("--max-num-seqs", type=int, default=None, help="vLLM: requests per engine step (default: vLLM's)")
+    group.add_argument(
+        "--compilation-config",
+        type=json_object,
+        default=None,
+        help="vLLM: CompilationConfig as a JSON object, e.g. '{\"cudagraph_capture_sizes\": [256, 512]}'",
+    )
     group.add_argument("--max-batch", type=int, default=32, help="transformers engine: records per forward pass")
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
@@ -87,6 +115,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--max-model-len must be at least 64")
     if args.warmup_rounds < 1:
         parser.error("--warmup-rounds must be at least 1")
+    if args.max_num_batched_tokens < 1:
+        parser.error("--max-num-batched-tokens must be at least 1")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        parser.error("--max-num-seqs must be at least 1")
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes must be at least 1024")
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -159,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
         data_parallel=args.dp,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        compilation_config=args.compilation_config,
         max_batch=args.max_batch,
         batch_wait_ms=args.batch_wait_ms,
         dtype=args.dtype,

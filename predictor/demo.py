@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 DEMO_SEED = 0
 RANDOM_WARNING = (
-    "RANDOM WEIGHTS: this is the tiny demo release built by clef_head.tiny, not a trained Clef model; "
-    "its answers carry no meaning. Pass --model-dir to serve a real release."
+    "RANDOM WEIGHTS: this release was generated with random weights (the demo or a test/benchmark build), "
+    "not a trained Clef model; its answers carry no meaning. Pass --model-dir to serve a real release."
 )
 
 

@@ -15,6 +15,13 @@ LATENCY = Histogram(
     ["route"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
 )
+STAGE_SECONDS = Histogram(
+    "clef_stage_seconds",
+    "Time per record in each stage of a request: encode (tokenize, spans), engine (backbone + head), "
+    "answer (logits to the response body).",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 RECORDS = Counter("clef_records_total", "System One records scored (a V1/V2 request may hold several).")
 INPUT_TOKENS = Counter("clef_input_tokens_total", "Prompt tokens of scored records.")
 PROMPT_TOKENS = Histogram(

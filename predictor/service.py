@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Sequence
@@ -58,14 +59,17 @@ class SystemOneService:
 
     def encode(self, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
         """The prompt, or a 400 with the token counts when the schema alone exceeds the maximum length."""
+        started = time.perf_counter()
         try:
-            return encode_request(self.engine.tokenizer, request, max_length=self.engine.max_length)
+            encoded = encode_request(self.engine.tokenizer, request, max_length=self.engine.max_length)
         except SchemaTooLong as exc:
             raise bad_request(
                 f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
                 f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
                 join_param(prefix, "questions"),
             ) from None
+        metrics.STAGE_SECONDS.labels(stage="encode").observe(time.perf_counter() - started)
+        return encoded
 
     def check_ready(self) -> None:
         """503 until warm-up has finished."""
@@ -76,6 +80,7 @@ class SystemOneService:
 
     async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
         """The response body of one validated, encoded request."""
+        started = time.perf_counter()
         try:
             logits = await self.engine.score(encoded)
         except EngineDead as exc:
@@ -83,12 +88,16 @@ class SystemOneService:
         except Exception as exc:
             log.exception("engine failure")
             raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_ERROR, f"the engine failed: {exc!r}") from exc
+        scored = time.perf_counter()
+        metrics.STAGE_SECONDS.labels(stage="engine").observe(scored - started)
         tokens = len(encoded.input_ids)
         metrics.RECORDS.inc()
         metrics.INPUT_TOKENS.inc(tokens)
         metrics.PROMPT_TOKENS.observe(tokens)
         record_tokens(tokens)
-        return build_response(request, encoded.layout, logits, tokens, model_name=self.card.name)
+        response = build_response(request, encoded.layout, logits, tokens, model_name=self.card.name)
+        metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - scored)
+        return response
 
     async def answer(self, body: Any) -> dict[str, Any]:
         """One System One response body."""

@@ -7,6 +7,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +31,9 @@ class EngineSpec:
     data_parallel: int = 1
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    compilation_config: dict[str, Any] | None = None
     max_batch: int = 32
     batch_wait_ms: float = 5.0
     dtype: str = "auto"
@@ -101,6 +105,9 @@ def _build_vllm(spec: EngineSpec) -> Engine:
         data_parallel_size=spec.data_parallel,
         enforce_eager=spec.enforce_eager or not torch.cuda.is_available(),
         dtype="bfloat16" if spec.dtype == "auto" else spec.dtype,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        compilation_config=spec.compilation_config,
     )
 
 

@@ -33,6 +33,7 @@ class VllmEngine(Engine):
         dtype: str = "bfloat16",
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
+        compilation_config: dict[str, Any] | None = None,
     ) -> None:
         import clef_plugin
         from transformers import AutoTokenizer
@@ -45,6 +46,8 @@ class VllmEngine(Engine):
         extra: dict[str, Any] = {}
         if data_parallel_size > 1:
             extra["data_parallel_size"] = data_parallel_size
+        if compilation_config:
+            extra["compilation_config"] = compilation_config
         kwargs = clef_plugin.engine_kwargs(
             str(model_dir),
             max_model_len=max_length,

@@ -320,6 +320,9 @@ def test_metrics_and_json_request_logs(server: Predictor, client: httpx.Client) 
         "clef_warmup_seconds",
     ):
         assert name in metrics, name
+    for stage in ("encode", "engine", "answer"):
+        count = next(line for line in metrics.splitlines() if line.startswith(f'clef_stage_seconds_count{{stage="{stage}"}}'))
+        assert float(count.split()[-1]) >= 1, count
     lines = [json.loads(line) for line in server.stdout().splitlines() if line.startswith("{")]
     mine = [line for line in lines if line["id"] == "trace-me"]
     assert len(mine) == 1

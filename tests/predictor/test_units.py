@@ -110,3 +110,28 @@ def test_pool_picks_the_least_loaded_engine_round_robin_among_equals() -> None:
     picks = [pool.pick() for _ in range(4)]
     assert all(pick.in_flight == 0 for pick in picks)
     assert {id(pick) for pick in picks} == {id(engines[1]), id(engines[2])}
+
+
+def test_vllm_flags_and_their_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Batch size in tokens defaults to 16384; --compilation-config must be a JSON object."""
+    from predictor.cli import DEFAULT_MAX_NUM_BATCHED_TOKENS, build_parser, check_args
+
+    parser = build_parser()
+    args = parser.parse_args(["--compilation-config", '{"cudagraph_mode": "NONE"}', "--max-num-seqs", "64"])
+    assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 16384
+    assert args.compilation_config == {"cudagraph_mode": "NONE"} and args.max_num_seqs == 64
+    for argv, message in (
+        (["--compilation-config", "[1, 2]"], "expected a JSON object, got list"),
+        (["--compilation-config", "{nope"], "not JSON"),
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "--compilation-config" in err and message in err, err
+    for argv, message in (
+        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+    ):
+        with pytest.raises(SystemExit):
+            check_args(parser, parser.parse_args(argv))
+        assert message in capsys.readouterr().err
