@@ -21,6 +21,27 @@ if TYPE_CHECKING:
     from vllm import LLM, PoolingParams
 
 
+PREFILL_CAPTURE_SIZES = (16, 32, 64, 128, 256)
+"""CUDA-graph sizes (tokens per engine step) below one typical prompt: short prompts and chunk tails."""
+CAPTURE_STEP = 128
+MAX_CAPTURED_TOKENS = 2048
+"""Steps above this many tokens run compiled but without CUDA graphs (launch overhead is small there)."""
+
+
+def prefill_capture_sizes(max_model_len: int) -> list[int]:
+    """CUDA-graph sizes for a prefill-only engine: a few small ones, then every 128 tokens up to one
+    prompt of ``min(max_model_len, 2048)`` tokens, so a lone request of that length replays a graph.
+
+    vLLM's default sizes serve decoding (1, 2, 4, 8, 16, 24, ... up to 512); every Clef request is a
+    prefill of hundreds of tokens, so those graphs would be captured and never used.
+    """
+    top = min(max_model_len, MAX_CAPTURED_TOKENS)
+    sizes = {size for size in PREFILL_CAPTURE_SIZES if size <= top}
+    sizes.update(range(PREFILL_CAPTURE_SIZES[-1] + CAPTURE_STEP, top + 1, CAPTURE_STEP))
+    sizes.add(top)
+    return sorted(sizes)
+
+
 def engine_kwargs(
     model_dir: str | Path,
     *,
@@ -35,9 +56,11 @@ def engine_kwargs(
     """Keyword arguments for ``vllm.LLM(**kw)`` and ``vllm.AsyncEngineArgs(**kw)``.
 
     Pooling runner, the plugin's architecture, the per-token pooling task, language model only
-    (no vision tower), chunked prefill on and prefix caching off. ``extra`` is passed through
-    (e.g. ``tensor_parallel_size``, ``quantization``, ``gdn_prefill_backend``); asking for prefix
-    caching raises ``ValueError``.
+    (no vision tower), chunked prefill on and prefix caching off. Unless ``enforce_eager`` is set or
+    ``extra`` holds a ``compilation_config``, vLLM compiles the model and captures piecewise CUDA
+    graphs at :func:`prefill_capture_sizes`. ``extra`` is passed through (e.g.
+    ``tensor_parallel_size``, ``quantization``, ``gdn_prefill_backend``); asking for prefix caching
+    raises ``ValueError``.
     """
     from vllm.config import PoolerConfig
 
@@ -62,6 +85,11 @@ def engine_kwargs(
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if max_num_seqs is not None:
         kwargs["max_num_seqs"] = max_num_seqs
+    if not enforce_eager:
+        kwargs["compilation_config"] = {
+            "cudagraph_mode": "PIECEWISE",  # no decode steps, so no full-batch decode graphs
+            "cudagraph_capture_sizes": prefill_capture_sizes(max_model_len),
+        }
     kwargs.update(extra)
     return kwargs
 

@@ -63,6 +63,25 @@ def test_engine_kwargs() -> None:
     assert kwargs["max_num_seqs"] == 4
     assert kwargs["tensor_parallel_size"] == 2
     assert "max_num_batched_tokens" not in kwargs
+    assert kwargs["compilation_config"] == {
+        "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": clef_plugin.api.prefill_capture_sizes(8192),
+    }
+
+
+def test_prefill_capture_sizes() -> None:
+    """Small sizes, then every 128 tokens up to one prompt of min(max_model_len, 2048) tokens."""
+    from clef_plugin.api import prefill_capture_sizes
+
+    assert prefill_capture_sizes(8192) == [16, 32, 64, 128, 256, *range(384, 2049, 128)]
+    assert prefill_capture_sizes(1000) == [16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1000]
+    assert prefill_capture_sizes(100) == [16, 32, 64, 100]
+
+
+def test_engine_kwargs_compilation() -> None:
+    """Eager engines get no compilation config; a caller's own config wins over ours."""
+    assert "compilation_config" not in clef_plugin.engine_kwargs("/models/clef", enforce_eager=True)
+    own = {"cudagraph_mode": "NONE"}
+    assert clef_plugin.engine_kwargs("/models/clef", compilation_config=own)["compilation_config"] is own
 
 
 def test_engine_kwargs_refuses_prefix_caching() -> None:
