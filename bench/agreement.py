@@ -17,14 +17,18 @@ def question_agreement(
     """Compare flat option logits record by record, question by question.
 
     Returns the number of questions, the share whose top-1 option is the same, the mean and max
-    KL(reference ‖ candidate) over each question's option distribution (nats), and the largest
-    absolute probability difference of any option.
+    KL(reference ‖ candidate) over each question's option distribution (nats), the largest
+    absolute probability difference of any option, and two scales that say whether top-1 flips
+    come from near-ties: the median gap between the reference's two best logits of a question
+    and the median absolute logit difference between the two engines.
     """
     if not (len(layouts) == len(reference) == len(candidate)):
         raise ValueError(f"lengths differ: {len(layouts)} layouts, {len(reference)} vs {len(candidate)} logits")
     same = total = 0
     kls: list[torch.Tensor] = []
     max_diff = 0.0
+    margins: list[torch.Tensor] = []
+    differences: list[torch.Tensor] = []
     for index, (layout, ref, cand) in enumerate(zip(layouts, reference, candidate)):
         if ref.shape != (layout.option_count,) or cand.shape != (layout.option_count,):
             raise ValueError(
@@ -37,6 +41,10 @@ def question_agreement(
             max_diff = max(max_diff, float((log_p.exp() - log_q.exp()).abs().max()))
             same += int(ref_q.argmax() == cand_q.argmax())
             total += 1
+            if len(ref_q) > 1:
+                best_two = ref_q.topk(2).values
+                margins.append(best_two[0] - best_two[1])
+            differences.append((ref_q - cand_q).abs())
     if total == 0:
         raise ValueError("no questions to compare")
     kl = torch.stack(kls)
@@ -46,4 +54,6 @@ def question_agreement(
         "mean_kl": float(kl.mean()),
         "max_kl": float(kl.max()),
         "max_probability_diff": max_diff,
+        "median_reference_top2_margin": float(torch.stack(margins).median()) if margins else float("nan"),
+        "median_abs_logit_diff": float(torch.cat(differences).median()),
     }

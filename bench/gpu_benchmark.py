@@ -1,7 +1,7 @@
 """Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 vs vLLM + plugin FP8, same records.
 
-    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-bf16,vllm-fp8,http]
-        [--records 1400] [--tokens 512] [--time-budget 540] [--enforce-eager | --cuda-graphs]
+    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-eager,http]
+        [--records 1400] [--tokens 512] [--time-budget 540] [--profile] [--http-mode graphs]
     python -m bench.gpu_benchmark --device cpu --scale tiny --records 8 --work /tmp/smoke   # CPU smoke run
 
 Stages (each engine case runs in its own process, so a crash or a leak cannot spoil the next):
@@ -11,9 +11,15 @@ Stages (each engine case runs in its own process, so a crash or a leak cannot sp
 - transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches;
   also the time split between backbone and head on the same batches.
 - head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64.
-- vllm-bf16, vllm-fp8: vLLM + the plugin, one offline ``encode`` over all records; then single-record
-  latency.
-- http: ``python -m predictor`` (vLLM engine, FP8 release) and 1/8/64 closed-loop HTTP clients.
+- vllm-{bf16,fp8}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records;
+  then single-record latency. eager: no torch.compile, no CUDA graphs; compile: torch.compile only;
+  graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``). With ``--profile``, one
+  throughput batch and one single record also run under vLLM's torch profiler, and the GPU kernel
+  time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
+  (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
+- http: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``) and 1/8/64 closed-loop HTTP
+  clients.
+Compile and Triton caches live in ``--cache-dir`` (default: ``--work``/cache), shared by all cases.
 Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
 (top-1 per question, mean KL(BF16 ‖ FP8)) is computed from the logits the cases saved in ``--work``,
 also across invocations, so the cases may run in separate calls. Weights are random: figures measure
@@ -36,12 +42,27 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-CASES = ("prepare", "transformers", "head", "vllm-bf16", "vllm-fp8", "http")
-ENGINE_CASES = ("transformers", "vllm-bf16", "vllm-fp8")
+MODES = ("eager", "compile", "graphs")
+VLLM_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
+CASES = ("prepare", "transformers", "head", *VLLM_CASES, "http")
+ENGINE_CASES = ("transformers", *VLLM_CASES)
 # Rough lower bounds (s) for a stage on the full shape; a stage does not start with less time left.
-MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "vllm-bf16": 120, "vllm-fp8": 120, "http": 150}
-AGREEMENT_PAIRS = (("vllm-bf16", "vllm-fp8"), ("transformers", "vllm-bf16"), ("transformers", "vllm-fp8"))
+MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "http": 150, **{case: 120 for case in VLLM_CASES}}
 WARMUP_RECORDS = 32
+PROFILE_RECORDS = 64
+# Kernel kinds for the profile summary: the first pattern found in a kernel's name (lower case) wins.
+KERNEL_KINDS = (
+    ("gdn", ("chunk_", "gated_delta", "fused_recurrent", "solve_tril", "l2norm", "kkt", "cumsum", "fused_gdn",
+             "recompute_w_u", "merge_16x16", "fused_post_conv")),
+    ("conv1d", ("causal_conv1d", "conv1d")),
+    ("fused (inductor)", ("triton_",)),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma", "cublas")),
+    ("fp8 quant", ("quant",)),
+    ("norm", ("norm",)),
+    ("activation", ("silu", "act_and_mul", "sigmoid", "gelu", "softplus")),
+    ("copy/elementwise", ("elementwise", "copy", "cat", "index", "fill", "reduce")),
+)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -286,7 +307,68 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     return result
 
 
-def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str) -> dict[str, Any]:
+def mode_kwargs(mode: str, capture_sizes: list[int] | None) -> dict[str, Any]:
+    """vLLM keyword arguments for a compilation mode (see the module docstring)."""
+    if mode == "eager":
+        return {"enforce_eager": True}
+    if mode == "compile":
+        return {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}}
+    if mode == "graphs":  # the plugin's default: piecewise graphs at prefill sizes
+        if capture_sizes is None:
+            return {"enforce_eager": False}
+        return {
+            "enforce_eager": False,
+            "compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": capture_sizes},
+        }
+    raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KERNEL_KINDS` kind of a GPU kernel name (``other`` when none matches)."""
+    lowered = name.lower()
+    for kind, patterns in KERNEL_KINDS:
+        if any(pattern in lowered for pattern in patterns):
+            return kind
+    return "other"
+
+
+def summarize_trace(trace_dir: Path, since: float) -> dict[str, Any]:
+    """GPU kernel time by kind, the top kernels, and GPU-busy vs wall time from the newest torch trace."""
+    import gzip
+
+    traces = [path for path in trace_dir.rglob("*.json*") if path.stat().st_mtime >= since]
+    if not traces:
+        return {"error": f"no profiler trace written in {trace_dir}"}
+    newest = max(traces, key=lambda path: path.stat().st_mtime)
+    opener = gzip.open if newest.suffix == ".gz" else open
+    with opener(newest, "rt") as handle:
+        events = json.load(handle).get("traceEvents", [])
+    kernels = [event for event in events if event.get("cat") == "kernel" and "dur" in event]
+    if not kernels:
+        return {"error": f"no GPU kernels in {newest.name}"}
+    by_name: dict[str, float] = {}
+    for event in kernels:
+        by_name[event["name"]] = by_name.get(event["name"], 0.0) + float(event["dur"])
+    by_kind: dict[str, float] = {}
+    for name, micros in by_name.items():
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + micros
+    busy = sum(by_name.values())
+    first = min(float(event["ts"]) for event in kernels)
+    last = max(float(event["ts"]) + float(event["dur"]) for event in kernels)
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:25]
+    return {
+        "trace": newest.name,
+        "kernels": len(kernels),
+        "gpu_busy_ms": round(busy / 1000, 2),
+        "kernel_span_ms": round((last - first) / 1000, 2),
+        "gpu_busy_share_of_span": round(busy / max(last - first, 1e-9), 4),
+        "by_kind_ms": {kind: round(value / 1000, 2) for kind, value in sorted(by_kind.items(), key=lambda i: -i[1])},
+        "by_kind_share": {kind: round(value / busy, 4) for kind, value in sorted(by_kind.items(), key=lambda i: -i[1])},
+        "top_kernels_ms": [{"name": name[:160], "kind": kernel_kind(name), "ms": round(us / 1000, 2)} for name, us in top],
+    }
+
+
+def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str) -> dict[str, Any]:
     """vLLM + plugin on the BF16 or FP8 release: throughput over all records, then single-record latency."""
     import vllm
 
@@ -296,10 +378,16 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     extra: dict[str, Any] = dict(json.loads(args.engine_args))
     if args.device.startswith("cuda"):
         extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
+    extra.update(mode_kwargs(mode, args.capture_sizes))
+    trace_dir = work / "profiles" / f"vllm-{precision}-{mode}"
+    if args.profile:
+        extra["profiler_config"] = {
+            "profiler": "torch", "torch_profiler_dir": str(trace_dir), "torch_profiler_with_stack": False,
+            "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
+        }
     kwargs = clef_plugin.engine_kwargs(
         releases[precision],
         max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -307,11 +395,14 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     )
     result: dict[str, Any] = {
         "vllm": vllm.__version__,
+        "mode": mode,
         "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
     }
     started = time.perf_counter()
     llm = vllm.LLM(**kwargs)
     result["start_s"] = round(time.perf_counter() - started, 2)
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
     prompts = [{"prompt_token_ids": item} for item in ids]
     params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
 
@@ -329,7 +420,7 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     logits = encode(range(len(ids)))
     result.update(_rates(len(ids), sum(map(len, ids)), time.perf_counter() - started))
     result["memory"] = _gpu_memory(args.device)
-    _save_logits(work, f"vllm-{precision}", logits)
+    _save_logits(work, f"vllm-{precision}-{mode}", logits)
     latencies = []
     for index in range(min(args.latency_records, len(ids))):
         started = time.perf_counter()
@@ -339,8 +430,58 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
         "p50": round(statistics.median(latencies), 2),
         "p95": round(sorted(latencies)[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
     }
+    if args.profile:
+        result["profile"] = {}
+        for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):
+            since = time.time()
+            llm.start_profile()
+            started = time.perf_counter()
+            encode(indices)
+            wall = time.perf_counter() - started
+            llm.stop_profile()
+            summary = summarize_trace(trace_dir, since)
+            summary.update(records=len(indices), prompt_tokens=sum(len(ids[i]) for i in indices),
+                           wall_ms_profiled=round(1000 * wall, 2))
+            result["profile"][label] = summary
     del llm
     return result
+
+
+TIMERS = (
+    "clef_stage_seconds", "clef_request_latency_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_inference_time_seconds",
+)
+
+
+def _scrape_timers(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of every histogram series in :data:`TIMERS` from the server's ``/metrics``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            base = sample.name.rsplit("_", 1)[0]
+            if base not in TIMERS or not sample.name.endswith(("_sum", "_count")):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k in ("stage", "route"))
+            key = f"{base}{{{labels}}}" if labels else base
+            pair = found.setdefault(key, [0.0, 0.0])
+            pair[0 if sample.name.endswith("_sum") else 1] += sample.value
+    return {key: (value[0], value[1]) for key, value in found.items()}
+
+
+def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean milliseconds per observation of each timer between two scrapes."""
+    means = {}
+    for key, (total, count) in current.items():
+        old_total, old_count = previous.get(key, (0.0, 0.0))
+        if count > old_count:
+            means[key] = round(1000 * (total - old_total) / (count - old_count), 2)
+    return means
 
 
 def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
@@ -361,7 +502,14 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
         sys.executable, "-m", "predictor", "--model-dir", releases["fp8"], "--model-name", "clef-flash",
         "--engine", "vllm", "--http_port", str(port), "--max-model-len", str(args.max_model_len),
         "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-    ] + (["--enforce-eager"] if args.enforce_eager else [])
+    ]
+    if args.max_num_batched_tokens is not None:
+        command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    mode = mode_kwargs(args.http_mode, args.capture_sizes)
+    if mode["enforce_eager"]:
+        command.append("--enforce-eager")
+    elif "compilation_config" in mode:
+        command += ["--compilation-config", json.dumps(mode["compilation_config"])]
     log_file = (work / "http-predictor.log").open("w")
     started = time.perf_counter()
     server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
@@ -381,14 +529,19 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
                 raise TimeoutError(f"predictor not ready within {args.http_ready_timeout} s")
             time.sleep(1)
         result["ready_s"] = round(time.perf_counter() - started, 1)
+        result["mode"] = args.http_mode
+
         bodies = json.loads((work / "records.json").read_text())
         url = f"http://127.0.0.1:{port}"
         result["loads"] = []
+        previous = _scrape_timers(url)
         for clients in args.http_clients:
             count = min(len(bodies), max(args.http_requests, 4 * clients)) if clients > 1 else min(len(bodies), 64)
             _log(f"http: {clients} clients, {count} requests")
             load = asyncio.run(http_load(url, clients, count, warmup=min(8, count), body=bodies.__getitem__))
-            result["loads"].append({"clients": clients, **load.summary()})
+            current = _scrape_timers(url)  # server-side means include the load's few warm-up requests
+            result["loads"].append({"clients": clients, **load.summary(), "server_ms_mean": _timer_means(previous, current)})
+            previous = current
     finally:
         server.terminate()
         try:
@@ -399,11 +552,14 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     return result
 
 
+def _vllm_case(precision: str, mode: str) -> Callable[..., dict[str, Any]]:
+    return lambda args, work, releases: case_vllm(args, work, releases, precision, mode)
+
+
 CASE_FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "transformers": case_transformers,
     "head": case_head,
-    "vllm-bf16": lambda args, work, releases: case_vllm(args, work, releases, "bf16"),
-    "vllm-fp8": lambda args, work, releases: case_vllm(args, work, releases, "fp8"),
+    **{f"vllm-{p}-{m}": _vllm_case(p, m) for p in ("bf16", "fp8") for m in MODES},
     "http": case_http,
 }
 
@@ -435,24 +591,32 @@ def _child_command(args: argparse.Namespace, case: str) -> list[str]:
                "--transformers-records", str(args.transformers_records or 0),
                "--engine-args", args.engine_args, "--http-clients", ",".join(map(str, args.http_clients)),
                "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
-               "--http-ready-timeout", str(args.http_ready_timeout),
-               "--enforce-eager" if args.enforce_eager else "--cuda-graphs"]
+               "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
+               ] + (["--profile"] if args.profile else [])
+    if args.capture_sizes:
+        command += ["--capture-sizes", ",".join(map(str, args.capture_sizes))]
     for flag, value in (("--max-num-batched-tokens", args.max_num_batched_tokens), ("--max-num-seqs", args.max_num_seqs)):
         if value is not None:
             command += [flag, str(value)]
     return command
 
 
-def run_case_process(args: argparse.Namespace, case: str, deadline: float) -> dict[str, Any]:
-    """Run one case in its own process with the time left; return its result (or why it has none)."""
+def run_case_process(args: argparse.Namespace, case: str, deadline: float, key: str) -> dict[str, Any]:
+    """Run one case in its own process with the time left; return its result (or why it has none).
+
+    The result is stored as ``results/<key>.json`` (``key`` differs from ``case`` for a repeated case).
+    """
     result_file = Path(args.work) / "results" / f"{case}.json"
     result_file.unlink(missing_ok=True)
     env = dict(os.environ)
+    cache = Path(args.cache_dir or Path(args.work) / "cache").resolve()
+    env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
     if args.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     timeout = max(deadline - time.time(), 1)
-    log_path = Path(args.work) / f"case-{case}.log"
+    log_path = Path(args.work) / f"case-{key}.log"
     _log(f"case {case}: starting (at most {timeout:.0f} s, log {log_path})")
     started = time.perf_counter()
     with log_path.open("w") as log:
@@ -465,7 +629,22 @@ def run_case_process(args: argparse.Namespace, case: str, deadline: float) -> di
         return {"case": case, "error": "the case process died without a result", "log_tail": tail}
     result = json.loads(result_file.read_text())
     result["wall_s"] = round(time.perf_counter() - started, 1)
+    if key != case:
+        result["case"] = key
+        _write_json(Path(args.work) / "results" / f"{key}.json", result)
+        result_file.unlink()
     return result
+
+
+def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:
+    """(reference, candidate) pairs: BF16 vs FP8 in the same mode, transformers vs every vLLM case,
+    and eager vs compiled modes of the same precision."""
+    vllm_cases = [case for case in VLLM_CASES if case in cases]
+    pairs = [(f"vllm-bf16-{m}", f"vllm-fp8-{m}") for m in MODES if f"vllm-bf16-{m}" in cases and f"vllm-fp8-{m}" in cases]
+    pairs += [("transformers", case) for case in vllm_cases if "transformers" in cases]
+    pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in ("bf16", "fp8") for m in MODES[1:]
+              if f"vllm-{p}-eager" in cases and f"vllm-{p}-{m}" in cases]
+    return pairs
 
 
 def agreement(work: Path) -> dict[str, Any]:
@@ -475,8 +654,9 @@ def agreement(work: Path) -> dict[str, Any]:
     from bench.agreement import question_agreement
 
     _, layouts = _load_encoded(work)
+    present = [path.name[len("logits-"):-len(".pt")] for path in work.glob("logits-*.pt")]
     found: dict[str, Any] = {}
-    for reference, candidate in AGREEMENT_PAIRS:
+    for reference, candidate in agreement_pairs(present):
         files = [work / f"logits-{name}.pt" for name in (reference, candidate)]
         if all(path.is_file() for path in files):
             first, second = torch.load(files[0]), torch.load(files[1])
@@ -487,34 +667,43 @@ def agreement(work: Path) -> dict[str, Any]:
 
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
-    rows = [f"{'case':<14}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
-    for case in ENGINE_CASES:
+    rows = [f"{'case':<22}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
+    for case in [name for base in ENGINE_CASES for name in (base, f"{base}-again")]:
         path = work / "results" / f"{case}.json"
         if not path.is_file():
             continue
         r = json.loads(path.read_text())
         if "error" in r:
-            rows.append(f"{case:<14}{'':>56}  ERROR {r['error'][:60]}")
+            rows.append(f"{case:<22}{'':>56}  ERROR {r['error'][:60]}")
             continue
         p50 = r.get("single_record_ms", {}).get("p50", "")
         used = r.get("memory", {}).get("device_used_gib", "")
         note = f"fla={r['fla']} head share {r['split']['head_share']:.1%}" if case == "transformers" else ""
+        for label, profile in (r.get("profile") or {}).items():
+            if "by_kind_share" in profile:
+                shares = ", ".join(f"{k} {v:.0%}" for k, v in list(profile["by_kind_share"].items())[:5])
+                note += f" [{label}: busy {profile['gpu_busy_share_of_span']:.0%}; {shares}]"
         rows.append(
-            f"{case:<14}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
+            f"{case:<22}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
             f"{used:>10}{p50:>9}  {note}"
         )
     for pair, value in summary.get("agreement", {}).items():
         rows.append(f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
-                    f"({value['questions']} questions)")
+                    f"({value['questions']} questions; median top-2 margin {value['median_reference_top2_margin']:.3f}, "
+                    f"median |Δlogit| {value['median_abs_logit_diff']:.3f})")
     head = summary.get("cases", {}).get("head") or {}
     if "batch_16_ms_per_record" in head:
         rows.append(f"head alone: {head['batch_1_ms_per_record']} / {head['batch_16_ms_per_record']} / "
                     f"{head['batch_64_ms_per_record']} ms per record at batch 1 / 16 / 64")
-    http = summary.get("cases", {}).get("http") or {}
-    for load in http.get("loads", []):
-        rows.append(f"http {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
-                    f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
-                    f"errors {load['errors']}")
+    for key in ("http", "http-again"):
+        http = summary.get("cases", {}).get(key) or {}
+        if "ready_s" in http:
+            rows.append(f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)")
+        for load in http.get("loads", []):
+            server = ", ".join(f"{name} {ms}" for name, ms in load.get("server_ms_mean", {}).items())
+            rows.append(f"{key} {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
+                        f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
+                        f"errors {load['errors']}; server ms/request: {server}")
     return "\n".join(rows)
 
 
@@ -532,10 +721,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=512, help="mean prompt length of the records")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=540.0, help="seconds; stages that would not fit are skipped")
-    parser.add_argument("--enforce-eager", dest="enforce_eager", action="store_true", default=True,
-                        help="vLLM without torch.compile and CUDA graphs (default)")
-    parser.add_argument("--cuda-graphs", dest="enforce_eager", action="store_false",
-                        help="vLLM with torch.compile and CUDA graphs")
+    parser.add_argument("--http-mode", choices=MODES, default="graphs", help="compilation mode of the http case")
+    parser.add_argument("--capture-sizes", type=lambda text: [int(v) for v in text.split(",")], default=None,
+                        help="CUDA-graph sizes in tokens for graphs mode (default: clef_plugin's prefill sizes)")
+    parser.add_argument("--profile", action="store_true", help="profile GPU kernels in the vLLM cases")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="compile/Triton caches (default: --work/cache)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -585,20 +775,23 @@ def main(argv: list[str] | None = None) -> int:
         summary["prepare"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         status = 1
     if status == 0:
+        seen: set[str] = set()
         for case in cases:
             if case == "prepare":
                 continue
+            key = f"{case}-again" if case in seen else case
+            seen.add(case)
             left = deadline - time.time()
             if left < MIN_SECONDS[case] * scale_factor:
-                summary["cases"][case] = {"skipped": f"time budget: {left:.0f} s left, needs ~{MIN_SECONDS[case] * scale_factor:.0f} s"}
-                _log(f"case {case}: skipped ({left:.0f} s left)")
+                summary["cases"][key] = {"skipped": f"time budget: {left:.0f} s left, needs ~{MIN_SECONDS[case] * scale_factor:.0f} s"}
+                _log(f"case {key}: skipped ({left:.0f} s left)")
                 continue
-            summary["cases"][case] = run_case_process(args, case, deadline)
-            if "error" in summary["cases"][case]:
+            summary["cases"][key] = run_case_process(args, case, deadline, key)
+            if "error" in summary["cases"][key]:
                 status = 1
-                _log(f"case {case}: FAILED {summary['cases'][case]['error']}")
+                _log(f"case {key}: FAILED {summary['cases'][key]['error']}")
             else:
-                _log(f"case {case}: done")
+                _log(f"case {key}: done")
         try:
             summary["agreement"] = agreement(args.work)
         except Exception as exc:  # noqa: BLE001

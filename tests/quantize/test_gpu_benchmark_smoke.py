@@ -37,9 +37,32 @@ def test_smoke_without_vllm(tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    summary = _smoke(tmp_path, "prepare,vllm-bf16,vllm-fp8")
-    for case in ("vllm-bf16", "vllm-fp8"):
+    summary = _smoke(tmp_path, "prepare,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager")
+    for case in ("vllm-bf16-eager", "vllm-fp8-eager", "vllm-fp8-eager-again"):
         result = summary["cases"][case]
         assert result["records"] == 8 and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
-    agreement = summary["agreement"]["vllm-bf16 vs vllm-fp8"]
+        assert result["mode"] == "eager"
+    assert (tmp_path / "results" / "vllm-fp8-eager-again.json").is_file()
+    agreement = summary["agreement"]["vllm-bf16-eager vs vllm-fp8-eager"]
     assert agreement["questions"] >= 8 and 0 <= agreement["mean_kl"] < 1e-2
+
+
+def test_kernel_kinds_and_trace_summary(tmp_path: Path) -> None:
+    from bench.gpu_benchmark import kernel_kind, summarize_trace
+
+    assert kernel_kind("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "gdn"
+    assert kernel_kind("_causal_conv1d_fwd_kernel") == "conv1d"
+    assert kernel_kind("void cutlass::device_kernel<cutlass_3x_gemm_sm90_fp8>") == "gemm"
+    assert kernel_kind("flash_fwd_splitkv_kernel") == "attention"
+    assert kernel_kind("_per_token_group_quant_fp8") == "fp8 quant"
+    assert kernel_kind("something_new") == "other"
+    events = [
+        {"cat": "kernel", "name": "void cutlass::device_kernel<gemm>", "ts": 0, "dur": 600},
+        {"cat": "kernel", "name": "chunk_fwd_kernel_o", "ts": 700, "dur": 300},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},
+    ]
+    (tmp_path / "trace.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    summary = summarize_trace(tmp_path, since=0)
+    assert summary["kernels"] == 2 and summary["gpu_busy_ms"] == 0.9 and summary["kernel_span_ms"] == 1.0
+    assert summary["by_kind_ms"] == {"gemm": 0.6, "gdn": 0.3}
+    assert summary["top_kernels_ms"][0]["kind"] == "gemm"
