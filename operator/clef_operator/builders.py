@@ -25,6 +25,7 @@ from clef_operator.constants import (
     MODEL_DIR,
     POOL_ANNOTATION,
     POOL_LABEL,
+    PREDICTOR_GID,
     PREDICTOR_PORT,
     SPEC_HASH_ANNOTATION,
 )
@@ -114,6 +115,20 @@ def build_volumes(spec: ClefDecisionSpec) -> list[dict[str, Any]]:
     ]
 
 
+def build_pod_security_context(spec: ClefDecisionSpec) -> dict[str, Any] | None:
+    """The pod's securityContext: the predictor image's group as fsGroup, so the compile cache is writable.
+
+    The kubelet gives the volumes it manages (emptyDir, claims whose volume plugin supports it; never
+    hostPath) group ``PREDICTOR_GID`` with group write, and adds that group to every container's process.
+    ``OnRootMismatch`` skips the recursive ownership change when the volume's root already matches, which
+    keeps a large shared cache from being walked at every start. None in Knative mode: Knative Serving
+    rejects a pod securityContext unless its ``kubernetes.podspec-securitycontext`` feature is enabled.
+    """
+    if spec.deploymentMode == "Knative":
+        return None
+    return {"fsGroup": PREDICTOR_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
 def build_predictor_container(spec: ClefDecisionSpec, gpus: int) -> dict[str, Any]:
     """The predictor container (named as KServe expects, so its storage initializer fills /mnt/models)."""
     container: dict[str, Any] = {
@@ -173,6 +188,9 @@ def build_inferenceservice(
     }
     if not body["spec"]["predictor"]["tolerations"]:
         del body["spec"]["predictor"]["tolerations"]
+    security_context = build_pod_security_context(spec)
+    if security_context is not None:
+        body["spec"]["predictor"]["securityContext"] = security_context
     return body
 
 

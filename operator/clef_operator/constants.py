@@ -48,6 +48,13 @@ FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 PREDICTOR_PORT = 8080
 MODEL_DIR = "/mnt/models"
 
+# The predictor image's unprivileged user and group: docker/predictor.Dockerfile creates them
+# (`useradd --uid 10001`) and runs as `USER 10001:10001`; tests/deploy/test_dockerfiles.py fails when the two
+# drift apart. The InferenceServices' pods use the group as fsGroup, so that Kubernetes makes the volumes it
+# can manage (emptyDir, most claims; not hostPath) writable by the predictor.
+PREDICTOR_UID = 10001
+PREDICTOR_GID = 10001
+
 # The compile cache: vLLM's torch.compile artifacts and Triton's kernels on a volume, so restarts reuse them.
 COMPILE_CACHE_VOLUME = "compile-cache"
 COMPILE_CACHE_DIR = "/var/cache/clef"

@@ -15,6 +15,7 @@ import tomllib
 import pytest
 
 from clef_operator.builders import build_predictor_container
+from clef_operator.constants import PREDICTOR_GID, PREDICTOR_UID
 from clef_operator.spec import parse_spec
 from tests.deploy.chart import REPO
 
@@ -67,6 +68,16 @@ def test_predictor_entrypoint_is_what_the_operator_runs() -> None:
     container = build_predictor_container(parse_spec({"model": {"storageUri": "hf://org/model"}}), gpus=1)
     assert json.loads(only("predictor.Dockerfile", "ENTRYPOINT")) == container["command"]
     assert only("predictor.Dockerfile", "EXPOSE") == str(container["ports"][0]["containerPort"])
+
+
+def test_predictor_user_is_the_operators_fsgroup() -> None:
+    """The uid/gid the image runs as are the operator's PREDICTOR_UID/PREDICTOR_GID (its pods' fsGroup)."""
+    assert only("predictor.Dockerfile", "USER") == f"{PREDICTOR_UID}:{PREDICTOR_GID}"
+    run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
+    useradd = re.search(r"\buseradd\b[^&;|]*", run)
+    assert useradd is not None, "predictor.Dockerfile creates no user"
+    uid = re.search(r"(?:--uid|-u)[ =](\d+)", useradd.group(0))
+    assert uid is not None and int(uid.group(1)) == PREDICTOR_UID, useradd.group(0)
 
 
 def test_operator_entrypoint() -> None:

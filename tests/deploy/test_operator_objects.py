@@ -60,6 +60,8 @@ def test_built_inferenceservices_match_kserve_crd(
              "spec": SPECS[name]}
     crd_schema.validate(owner, clef_crd)  # the spec itself is a valid ClefDecision
     isvc = build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=parse_spec(SPECS[name]))
+    # Standard mode carries the pod securityContext (fsGroup), so the schema check covers it too.
+    assert ("securityContext" in isvc["spec"]["predictor"]) == (SPECS[name].get("deploymentMode") != "Knative")
     kopf.adopt(isvc, owner=owner)
     stamp_spec_hash(isvc)
     crd_schema.validate(isvc, kserve_crds["InferenceService"])

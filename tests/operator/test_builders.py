@@ -86,6 +86,15 @@ def test_pod_placement_and_shm() -> None:
     assert "tolerations" not in _isvc()["spec"]["predictor"]
 
 
+def test_pod_security_context_makes_volumes_writable_by_the_predictor() -> None:
+    # The image's group (docker/predictor.Dockerfile) owns the volumes Kubernetes can manage, so the
+    # compile cache on a fresh emptyDir or claim is writable by the non-root predictor.
+    predictor = _isvc()["spec"]["predictor"]
+    assert predictor["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
+    # Knative Serving rejects a pod securityContext unless its podspec-securitycontext feature is on.
+    assert "securityContext" not in _isvc(deploymentMode="Knative")["spec"]["predictor"]
+
+
 @pytest.mark.parametrize("source", [
     {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
     {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}},

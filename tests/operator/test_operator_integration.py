@@ -90,6 +90,7 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         predictor = isvc["spec"]["predictor"]
         assert predictor["nodeSelector"] == {"cloud.google.com/gke-nodepool": "l4-pool"}
         assert predictor["volumes"][-1] == {"name": "compile-cache", "emptyDir": {}}
+        assert predictor["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
         owner = isvc["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["controller"]) == ("ClefDecision", DECISION, True)
 
