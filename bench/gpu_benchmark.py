@@ -313,13 +313,12 @@ def mode_kwargs(mode: str, capture_sizes: list[int] | None) -> dict[str, Any]:
         return {"enforce_eager": True}
     if mode == "compile":
         return {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}}
-    if mode == "graphs":  # the plugin's default: piecewise graphs at prefill sizes
+    if mode == "graphs":  # without capture_sizes: the plugin's default, piecewise graphs at prefill sizes
+        from clef_plugin.api import graph_compilation_config
+
         if capture_sizes is None:
             return {"enforce_eager": False}
-        return {
-            "enforce_eager": False,
-            "compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": capture_sizes},
-        }
+        return {"enforce_eager": False, "compilation_config": graph_compilation_config(capture_sizes)}
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
@@ -351,7 +350,8 @@ def summarize_trace(trace_dir: Path, since: float) -> dict[str, Any]:
         by_name[event["name"]] = by_name.get(event["name"], 0.0) + float(event["dur"])
     by_kind: dict[str, float] = {}
     for name, micros in by_name.items():
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + micros
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + micros
     busy = sum(by_name.values())
     first = min(float(event["ts"]) for event in kernels)
     last = max(float(event["ts"]) + float(event["dur"]) for event in kernels)
@@ -530,7 +530,6 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
             time.sleep(1)
         result["ready_s"] = round(time.perf_counter() - started, 1)
         result["mode"] = args.http_mode
-
         bodies = json.loads((work / "records.json").read_text())
         url = f"http://127.0.0.1:{port}"
         result["loads"] = []
@@ -657,11 +656,9 @@ def agreement(work: Path) -> dict[str, Any]:
     present = [path.name[len("logits-"):-len(".pt")] for path in work.glob("logits-*.pt")]
     found: dict[str, Any] = {}
     for reference, candidate in agreement_pairs(present):
-        files = [work / f"logits-{name}.pt" for name in (reference, candidate)]
-        if all(path.is_file() for path in files):
-            first, second = torch.load(files[0]), torch.load(files[1])
-            common = min(len(first), len(second))  # the transformers case may score a prefix only
-            found[f"{reference} vs {candidate}"] = question_agreement(layouts[:common], first[:common], second[:common])
+        first, second = (torch.load(work / f"logits-{name}.pt") for name in (reference, candidate))
+        common = min(len(first), len(second))  # the transformers case may score a prefix only
+        found[f"{reference} vs {candidate}"] = question_agreement(layouts[:common], first[:common], second[:common])
     return found
 
 

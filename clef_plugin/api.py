@@ -42,6 +42,14 @@ def prefill_capture_sizes(max_model_len: int) -> list[int]:
     return sorted(sizes)
 
 
+def graph_compilation_config(capture_sizes: Sequence[int]) -> dict[str, Any]:
+    """vLLM ``compilation_config``: torch.compile plus piecewise CUDA graphs at ``capture_sizes`` tokens.
+
+    Piecewise only: there are no decode steps, so vLLM's full-batch decode graphs would never replay.
+    """
+    return {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": list(capture_sizes)}
+
+
 def engine_kwargs(
     model_dir: str | Path,
     *,
@@ -86,10 +94,7 @@ def engine_kwargs(
     if max_num_seqs is not None:
         kwargs["max_num_seqs"] = max_num_seqs
     if not enforce_eager:
-        kwargs["compilation_config"] = {
-            "cudagraph_mode": "PIECEWISE",  # no decode steps, so no full-batch decode graphs
-            "cudagraph_capture_sizes": prefill_capture_sizes(max_model_len),
-        }
+        kwargs["compilation_config"] = graph_compilation_config(prefill_capture_sizes(max_model_len))
     kwargs.update(extra)
     return kwargs
 
