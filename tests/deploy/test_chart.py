@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from clef_operator.spec import CACHE_VOLUME_SOURCES
 from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, run_helm
 from tests.deploy.conftest import Render
 
@@ -244,3 +246,10 @@ def test_notes_describe_the_release(tmp_path: pathlib.Path) -> None:
     all_on = render_notes(tmp_path / "all-on", [ALL_ON_VALUES])
     assert "these namespaces: team-a, team-b" in all_on
     assert 'ServingRuntime "clef-runtime"' in all_on
+
+
+def test_chart_and_operator_accept_the_same_cache_volume_sources() -> None:
+    """values.schema.json's compileCache enum and the operator's CACHE_VOLUME_SOURCES are one list."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["servingRuntime"]["properties"]["compileCache"]["propertyNames"]["enum"]
+    assert enum == list(CACHE_VOLUME_SOURCES)
