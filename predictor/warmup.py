@@ -2,6 +2,9 @@
 
 Each step sends ``batch`` concurrent prompts of exactly ``tokens`` tokens (the state is cut to fit,
 as it is for real requests), with one question of every type, through the engine's normal path.
+Every shape runs twice, at a length that is a multiple of 16 and at one token fewer: Triton compiles
+a separate kernel variant for integer arguments divisible by 16, and real prompts have any length,
+so warming only round lengths would leave a kernel compilation to the first real request.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class WarmupStep:
 
 
 def warmup_plan(max_length: int, max_batch: int = 16, min_tokens: int = 0) -> list[WarmupStep]:
-    """Batch sizes (1, 4, 16, capped by ``max_batch``) at a short length, then lengths x4 up to the maximum.
+    """Batch sizes (1, 4, 16, capped by ``max_batch``) at a short length, then lengths x4 up to the maximum,
+    each followed by the same step one token shorter (see the module docstring).
 
     The short length is ``SHORTEST`` or, when the warm-up schema alone is longer (``min_tokens``), the
     next power of two above it.
@@ -51,7 +55,12 @@ def warmup_plan(max_length: int, max_batch: int = 16, min_tokens: int = 0) -> li
         length *= 4
     if short < max_length:
         steps.append(WarmupStep(1, max_length))
-    return steps
+    plan = []
+    for step in steps:
+        plan.append(step)
+        if step.tokens - 1 >= max(min_tokens, 1):
+            plan.append(WarmupStep(step.batch, step.tokens - 1))
+    return plan
 
 
 def schema_tokens(engine: Engine) -> int:

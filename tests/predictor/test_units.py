@@ -40,10 +40,25 @@ def test_decode_body_gzip_zstd_and_limits() -> None:
 
 def test_warmup_plan_covers_batches_and_lengths_up_to_the_maximum() -> None:
     plan = warmup_plan(16384, max_batch=32, min_tokens=100)
-    assert plan[:3] == [WarmupStep(1, 256), WarmupStep(4, 256), WarmupStep(16, 256)]
-    assert [step.tokens for step in plan[3:]] == [1024, 4096, 16384]
-    assert warmup_plan(512, max_batch=4, min_tokens=300) == [WarmupStep(1, 512), WarmupStep(4, 512)]
-    assert warmup_plan(300, max_batch=1) == [WarmupStep(1, 256), WarmupStep(1, 300)]
+    assert plan[:6] == [
+        WarmupStep(1, 256), WarmupStep(1, 255), WarmupStep(4, 256), WarmupStep(4, 255),
+        WarmupStep(16, 256), WarmupStep(16, 255),
+    ]
+    assert [step.tokens for step in plan[6:]] == [1024, 1023, 4096, 4095, 16384, 16383]
+    assert warmup_plan(512, max_batch=4, min_tokens=300) == [
+        WarmupStep(1, 512), WarmupStep(1, 511), WarmupStep(4, 512), WarmupStep(4, 511),
+    ]
+    assert warmup_plan(300, max_batch=1) == [WarmupStep(1, 256), WarmupStep(1, 255), WarmupStep(1, 300), WarmupStep(1, 299)]
+
+
+def test_warmup_plan_runs_every_shape_at_a_length_that_is_not_a_multiple_of_16() -> None:
+    for max_length, min_tokens in ((2048, 300), (16384, 100), (512, 511)):
+        plan = warmup_plan(max_length, max_batch=16, min_tokens=min_tokens)
+        aligned = [step for step in plan if step.tokens % 16 == 0]
+        assert aligned, plan
+        for step in aligned:
+            assert WarmupStep(step.batch, step.tokens - 1) in plan, (max_length, step)
+        assert all(step.tokens >= min_tokens for step in plan)
 
 
 def test_format_param() -> None:
