@@ -19,7 +19,12 @@ Stages (each engine case runs in its own process, so a crash or a leak cannot sp
   (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
 - http: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``) and 1/8/64 closed-loop HTTP
   clients.
-Compile and Triton caches live in ``--cache-dir`` (default: ``--work``/cache), shared by all cases.
+- ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
+  top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
+  ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
+  its logits are compared with the plain case's.
+Compile, Inductor and Triton caches (autotuning results included) live in ``--cache-dir`` (default:
+``--work``/cache), shared by all cases, laid out as on a predictor pod's compile-cache volume.
 Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
 (top-1 per question, mean KL(BF16 ‖ FP8)) is computed from the logits the cases saved in ``--work``,
 also across invocations, so the cases may run in separate calls. Weights are random: figures measure
@@ -34,6 +39,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +54,7 @@ CASES = ("prepare", "transformers", "head", *VLLM_CASES, "http")
 ENGINE_CASES = ("transformers", *VLLM_CASES)
 # Rough lower bounds (s) for a stage on the full shape; a stage does not start with less time left.
 MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "http": 150, **{case: 120 for case in VLLM_CASES}}
+VARIANT_NAME = re.compile(r"[a-z0-9_]+")
 WARMUP_RECORDS = 32
 PROFILE_RECORDS = 64
 # Kernel kinds for the profile summary: the first pattern found in a kernel's name (lower case) wins.
@@ -322,6 +329,18 @@ def mode_kwargs(mode: str, capture_sizes: list[int] | None) -> dict[str, Any]:
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
+def merge_engine_args(mode: str, mode_args: dict[str, Any], extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """The mode's vLLM keyword arguments overridden by ``extra``; a ``compilation_config`` in ``extra``
+    is merged into the mode's (in graphs mode without one: the plugin's default prefill graphs)."""
+    from clef_plugin.api import graph_compilation_config, prefill_capture_sizes
+
+    merged = {**mode_args, **extra}
+    if "compilation_config" in extra and mode != "eager":
+        base = mode_args.get("compilation_config") or graph_compilation_config(prefill_capture_sizes(max_model_len))
+        merged["compilation_config"] = {**base, **extra["compilation_config"]}
+    return merged
+
+
 def kernel_kind(name: str) -> str:
     """The :data:`KERNEL_KINDS` kind of a GPU kernel name (``other`` when none matches)."""
     lowered = name.lower()
@@ -375,11 +394,11 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     import clef_plugin
 
     ids, layouts = _load_encoded(work)
-    extra: dict[str, Any] = dict(json.loads(args.engine_args))
+    key = args.result_key or f"vllm-{precision}-{mode}"
+    extra = merge_engine_args(mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len)
     if args.device.startswith("cuda"):
         extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
-    extra.update(mode_kwargs(mode, args.capture_sizes))
-    trace_dir = work / "profiles" / f"vllm-{precision}-{mode}"
+    trace_dir = work / "profiles" / key
     if args.profile:
         extra["profiler_config"] = {
             "profiler": "torch", "torch_profiler_dir": str(trace_dir), "torch_profiler_with_stack": False,
@@ -387,10 +406,10 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
         }
     kwargs = clef_plugin.engine_kwargs(
         releases[precision],
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
+        max_model_len=extra.pop("max_model_len", args.max_model_len),
+        gpu_memory_utilization=extra.pop("gpu_memory_utilization", args.gpu_memory_utilization),
+        max_num_batched_tokens=extra.pop("max_num_batched_tokens", args.max_num_batched_tokens),
+        max_num_seqs=extra.pop("max_num_seqs", args.max_num_seqs),
         **extra,
     )
     result: dict[str, Any] = {
@@ -403,6 +422,7 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     result["start_s"] = round(time.perf_counter() - started, 2)
     scheduler = llm.llm_engine.vllm_config.scheduler_config
     result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+    result["async_scheduling"] = scheduler.async_scheduling
     prompts = [{"prompt_token_ids": item} for item in ids]
     params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
 
@@ -420,7 +440,7 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     logits = encode(range(len(ids)))
     result.update(_rates(len(ids), sum(map(len, ids)), time.perf_counter() - started))
     result["memory"] = _gpu_memory(args.device)
-    _save_logits(work, f"vllm-{precision}-{mode}", logits)
+    _save_logits(work, key, logits)
     latencies = []
     for index in range(min(args.latency_records, len(ids))):
         started = time.perf_counter()
@@ -510,7 +530,8 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
         command.append("--enforce-eager")
     elif "compilation_config" in mode:
         command += ["--compilation-config", json.dumps(mode["compilation_config"])]
-    log_file = (work / "http-predictor.log").open("w")
+    log_path = work / f"{args.result_key or 'http'}-predictor.log"
+    log_file = log_path.open("w")
     started = time.perf_counter()
     server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     result: dict[str, Any] = {"command": " ".join(command)}
@@ -518,7 +539,7 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
         ready_url = f"http://127.0.0.1:{port}/v1/models/clef-flash"
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"predictor exited with {server.returncode}; see {work / 'http-predictor.log'}")
+                raise RuntimeError(f"predictor exited with {server.returncode}; see {log_path}")
             try:
                 with urllib.request.urlopen(ready_url, timeout=5) as response:
                     if response.status == 200:
@@ -567,14 +588,14 @@ def run_child(args: argparse.Namespace) -> int:
     """Entry of a case's own process: run it, write its result file (errors included)."""
     work = Path(args.work)
     releases = json.loads((work / "releases.json").read_text())
-    result_file = work / "results" / f"{args.run_case}.json"
+    result_file = work / "results" / f"{args.result_key or args.run_case}.json"
     try:
         result = CASE_FUNCTIONS[args.run_case](args, work, releases)
         status = 0
     except Exception as exc:  # noqa: BLE001 (every failure is reported in the summary, with its traceback)
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         status = 1
-    result["case"] = args.run_case
+    result["case"] = args.result_key or args.run_case
     _write_json(result_file, result)
     return status
 
@@ -582,13 +603,28 @@ def run_child(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parent
 
 
-def _child_command(args: argparse.Namespace, case: str) -> list[str]:
-    command = [sys.executable, "-m", "bench.gpu_benchmark", "--run-case", case, "--work", str(args.work),
+def base_case(key: str) -> str:
+    """The case a result key belongs to: ``vllm-fp8-graphs+async-again`` → ``vllm-fp8-graphs``."""
+    return key.split("+")[0].removesuffix("-again")
+
+
+def variant_name(key: str) -> str | None:
+    """The ``--variant`` a case key names, if any: ``vllm-fp8-graphs+async-again`` → ``async``."""
+    return key.partition("+")[2].removesuffix("-again") or None
+
+
+def _child_command(args: argparse.Namespace, key: str) -> list[str]:
+    case = base_case(key)
+    engine_args = json.loads(args.engine_args)
+    variant = args.variants.get(variant_name(key) or "", {})
+    if "compilation_config" in engine_args and "compilation_config" in variant:
+        variant = {**variant, "compilation_config": {**engine_args["compilation_config"], **variant["compilation_config"]}}
+    command = [sys.executable, "-m", "bench.gpu_benchmark", "--run-case", case, "--result-key", key, "--work", str(args.work),
                "--device", args.device, "--max-model-len", str(args.max_model_len),
                "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                "--transformers-batch-tokens", str(args.transformers_batch_tokens),
                "--transformers-records", str(args.transformers_records or 0),
-               "--engine-args", args.engine_args, "--http-clients", ",".join(map(str, args.http_clients)),
+               "--engine-args", json.dumps({**engine_args, **variant}), "--http-clients", ",".join(map(str, args.http_clients)),
                "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
                "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
                ] + (["--profile"] if args.profile else [])
@@ -600,17 +636,21 @@ def _child_command(args: argparse.Namespace, case: str) -> list[str]:
     return command
 
 
-def run_case_process(args: argparse.Namespace, case: str, deadline: float, key: str) -> dict[str, Any]:
+def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dict[str, Any]:
     """Run one case in its own process with the time left; return its result (or why it has none).
 
-    The result is stored as ``results/<key>.json`` (``key`` differs from ``case`` for a repeated case).
+    ``key`` names the case, its variant and repetition; the result is stored as ``results/<key>.json``.
     """
-    result_file = Path(args.work) / "results" / f"{case}.json"
+    case = base_case(key)
+    result_file = Path(args.work) / "results" / f"{key}.json"
     result_file.unlink(missing_ok=True)
     env = dict(os.environ)
     cache = Path(args.cache_dir or Path(args.work) / "cache").resolve()
+    # The same layout as a predictor pod's compile-cache volume (clef_operator.constants.COMPILE_CACHE_ENV).
     env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+    env["TRITON_CACHE_AUTOTUNING"] = "1"
     if args.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -620,7 +660,7 @@ def run_case_process(args: argparse.Namespace, case: str, deadline: float, key: 
     started = time.perf_counter()
     with log_path.open("w") as log:
         try:
-            subprocess.run(_child_command(args, case), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            subprocess.run(_child_command(args, key), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"case": case, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
     if not result_file.is_file():
@@ -628,21 +668,18 @@ def run_case_process(args: argparse.Namespace, case: str, deadline: float, key: 
         return {"case": case, "error": "the case process died without a result", "log_tail": tail}
     result = json.loads(result_file.read_text())
     result["wall_s"] = round(time.perf_counter() - started, 1)
-    if key != case:
-        result["case"] = key
-        _write_json(Path(args.work) / "results" / f"{key}.json", result)
-        result_file.unlink()
     return result
 
 
 def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:
     """(reference, candidate) pairs: BF16 vs FP8 in the same mode, transformers vs every vLLM case,
-    and eager vs compiled modes of the same precision."""
+    eager vs compiled modes of the same precision, and every variant vs its plain case."""
     vllm_cases = [case for case in VLLM_CASES if case in cases]
     pairs = [(f"vllm-bf16-{m}", f"vllm-fp8-{m}") for m in MODES if f"vllm-bf16-{m}" in cases and f"vllm-fp8-{m}" in cases]
     pairs += [("transformers", case) for case in vllm_cases if "transformers" in cases]
     pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in ("bf16", "fp8") for m in MODES[1:]
               if f"vllm-{p}-eager" in cases and f"vllm-{p}-{m}" in cases]
+    pairs += [(base_case(case), case) for case in sorted(cases) if variant_name(case) and base_case(case) in cases]
     return pairs
 
 
@@ -664,14 +701,13 @@ def agreement(work: Path) -> dict[str, Any]:
 
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
-    rows = [f"{'case':<22}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
-    for case in [name for base in ENGINE_CASES for name in (base, f"{base}-again")]:
-        path = work / "results" / f"{case}.json"
-        if not path.is_file():
-            continue
-        r = json.loads(path.read_text())
+    rows = [f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
+    keys = sorted((path.stem for path in (work / "results").glob("*.json") if base_case(path.stem) in ENGINE_CASES),
+                  key=lambda key: (ENGINE_CASES.index(base_case(key)), key))
+    for case in keys:
+        r = json.loads((work / "results" / f"{case}.json").read_text())
         if "error" in r:
-            rows.append(f"{case:<22}{'':>56}  ERROR {r['error'][:60]}")
+            rows.append(f"{case:<30}{'':>56}  ERROR {r['error'][:60]}")
             continue
         p50 = r.get("single_record_ms", {}).get("p50", "")
         used = r.get("memory", {}).get("device_used_gib", "")
@@ -681,7 +717,7 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
                 shares = ", ".join(f"{k} {v:.0%}" for k, v in list(profile["by_kind_share"].items())[:5])
                 note += f" [{label}: busy {profile['gpu_busy_share_of_span']:.0%}; {shares}]"
         rows.append(
-            f"{case:<22}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
+            f"{case:<30}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
             f"{used:>10}{p50:>9}  {note}"
         )
     for pair, value in summary.get("agreement", {}).items():
@@ -728,6 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--engine-args", default="{}", help="JSON object of extra vllm.LLM keyword arguments")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                        help="engine arguments for the cases named <vllm case>+NAME (repeatable)")
     parser.add_argument("--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch")
     parser.add_argument("--transformers-records", type=int, default=None,
                         help="score only the first N records in the transformers case (default: all)")
@@ -736,6 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-requests", type=int, default=512, help="requests per multi-client HTTP load")
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)
     parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result-key", default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -746,14 +785,27 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work.resolve()
     if args.run_case:
         return run_child(args)
-    cases = [case.strip() for case in args.cases.split(",") if case.strip()]
-    unknown = sorted(set(cases) - set(CASES))
-    if unknown:
-        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     try:
         json.loads(args.engine_args)
     except json.JSONDecodeError as exc:
         parser.error(f"--engine-args is not JSON: {exc}")
+    args.variants = {}
+    for text in args.variant:
+        name, _, value = text.partition("=")
+        try:
+            engine_args = json.loads(value)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--variant {name}: not JSON: {exc}")
+        if not VARIANT_NAME.fullmatch(name) or not isinstance(engine_args, dict):
+            parser.error(f"--variant {text!r}: expected NAME=JSON object, NAME of a-z, 0-9, _")
+        args.variants[name] = engine_args
+    cases = [case.strip() for case in args.cases.split(",") if case.strip()]
+    unknown = sorted({case for case in cases if base_case(case) != case.split("+")[0] or case.split("+")[0] not in CASES})
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    for case in cases:
+        if variant_name(case) and (base_case(case) not in VLLM_CASES or variant_name(case) not in args.variants):
+            parser.error(f"case {case}: a variant needs a vLLM case and a --variant {variant_name(case)}=JSON")
     out = args.out or args.work
     deadline = time.time() + args.time_budget
     scale_factor = 1.0 if args.scale == "full" else 0.2  # tiny releases start faster
@@ -779,11 +831,12 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{case}-again" if case in seen else case
             seen.add(case)
             left = deadline - time.time()
-            if left < MIN_SECONDS[case] * scale_factor:
-                summary["cases"][key] = {"skipped": f"time budget: {left:.0f} s left, needs ~{MIN_SECONDS[case] * scale_factor:.0f} s"}
+            needs = MIN_SECONDS[base_case(case)] * scale_factor
+            if left < needs:
+                summary["cases"][key] = {"skipped": f"time budget: {left:.0f} s left, needs ~{needs:.0f} s"}
                 _log(f"case {key}: skipped ({left:.0f} s left)")
                 continue
-            summary["cases"][key] = run_case_process(args, case, deadline, key)
+            summary["cases"][key] = run_case_process(args, deadline, key)
             if "error" in summary["cases"][key]:
                 status = 1
                 _log(f"case {key}: FAILED {summary['cases'][key]['error']}")

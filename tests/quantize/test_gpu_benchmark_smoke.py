@@ -12,10 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _smoke(work: Path, cases: str) -> dict:
+def _smoke(work: Path, cases: str, *extra: str) -> dict:
     command = [
         sys.executable, "-m", "bench.gpu_benchmark", "--device", "cpu", "--scale", "tiny", "--records", "8",
         "--tokens", "192", "--latency-records", "2", "--work", str(work), "--out", str(work), "--cases", cases, "--time-budget", "1200",
+        *extra,
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     summary = json.loads((work / "gpu_benchmark.json").read_text())
@@ -37,14 +38,52 @@ def test_smoke_without_vllm(tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    summary = _smoke(tmp_path, "prepare,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager")
-    for case in ("vllm-bf16-eager", "vllm-fp8-eager", "vllm-fp8-eager-again"):
+    summary = _smoke(
+        tmp_path, "prepare,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2", "--variant", 'seqs2={"max_num_seqs": 2}'
+    )
+    for case in ("vllm-bf16-eager", "vllm-fp8-eager", "vllm-fp8-eager+seqs2"):
         result = summary["cases"][case]
         assert result["records"] == 8 and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
         assert result["mode"] == "eager"
-    assert (tmp_path / "results" / "vllm-fp8-eager-again.json").is_file()
+    assert summary["cases"]["vllm-fp8-eager+seqs2"]["max_num_seqs"] == 2
+    assert summary["cases"]["vllm-fp8-eager"]["max_num_seqs"] != 2
+    assert (tmp_path / "results" / "vllm-fp8-eager+seqs2.json").is_file()
+    assert (tmp_path / "logits-vllm-fp8-eager+seqs2.pt").is_file()
     agreement = summary["agreement"]["vllm-bf16-eager vs vllm-fp8-eager"]
     assert agreement["questions"] >= 8 and 0 <= agreement["mean_kl"] < 1e-2
+    same_weights = summary["agreement"]["vllm-fp8-eager vs vllm-fp8-eager+seqs2"]
+    assert same_weights["questions"] >= 8 and same_weights["mean_kl"] < 1e-3
+
+
+def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
+    from bench.gpu_benchmark import agreement_pairs, base_case, variant_name
+
+    assert [base_case(key) for key in ("http-again", "vllm-fp8-graphs+async", "vllm-fp8-graphs+async-again")] == [
+        "http", "vllm-fp8-graphs", "vllm-fp8-graphs",
+    ]
+    assert [variant_name(key) for key in ("vllm-fp8-graphs", "vllm-fp8-graphs+async-again")] == [None, "async"]
+    pairs = agreement_pairs(["vllm-fp8-graphs", "vllm-fp8-graphs+async", "vllm-bf16-graphs+t32k"])
+    assert pairs == [("vllm-fp8-graphs", "vllm-fp8-graphs+async")]
+
+
+def test_variant_compilation_config_is_merged_into_the_mode() -> None:
+    pytest.importorskip("vllm")
+    from bench.gpu_benchmark import merge_engine_args, mode_kwargs
+    from clef_plugin.api import prefill_capture_sizes
+
+    merged = merge_engine_args("graphs", mode_kwargs("graphs", None), {"compilation_config": {"mode": 3}}, 1024)
+    assert merged["compilation_config"]["cudagraph_capture_sizes"] == prefill_capture_sizes(1024)
+    assert merged["compilation_config"]["mode"] == 3
+    compiled = merge_engine_args("compile", mode_kwargs("compile", None), {"async_scheduling": True}, 1024)
+    assert compiled == {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}, "async_scheduling": True}
+
+
+@pytest.mark.parametrize("flags", [["--cases", "prepare,vllm-fp8-eager+nope"], ["--variant", "Bad Name={}"],
+                                   ["--cases", "prepare,http+x", "--variant", "x={}"], ["--variant", "x=[1]"]])
+def test_bad_cases_and_variants_are_refused(flags: list[str], tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_benchmark", "--work", str(tmp_path), *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "error:" in done.stderr, done.stderr
 
 
 def test_kernel_kinds_and_trace_summary(tmp_path: Path) -> None:
