@@ -4,15 +4,19 @@ Parameter names and shapes follow Clef's released ``joint_head.safetensors`` so 
 with ``strict=True``. The forward pass takes many records at once (one step of a serving engine):
 span means, projections and scoring run over all options of all records together; only the two
 attention stacks see padded [records, items, width] views, built per group of records of similar
-prompt length so padding stays small.
+prompt length so padding stays small. Every index (spans, padding slots and masks) is built on the host
+from the prompt lengths and layouts and copied to the device without waiting, and rows move by integer
+index, never by boolean mask, so a forward pass never waits for the device.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from itertools import accumulate
+from typing import Iterator, NamedTuple, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,89 +74,70 @@ class EvidenceRoutingLayer(nn.Module):
 
 
 @dataclass(frozen=True)
-class _Index:
-    """Flat indices that tie options, questions and records together for one batch."""
+class _Spans:
+    """The tokens a set of spans covers in the flat token sequence, for span means."""
 
-    record_offsets: torch.Tensor  # [R] first flat token of each record
-    record_lengths: list[int]
-    question_spans: torch.Tensor  # [Q, 2] flat token coordinates
+    tokens: torch.Tensor  # [T] flat index of every covered token, span by span
+    span_ids: torch.Tensor  # [T] the span each of them belongs to
+    lengths: torch.Tensor  # [S] tokens per span
+
+    def mean(self, rows: torch.Tensor) -> torch.Tensor:
+        """Mean per span of ``rows`` [T, D] (one row per covered token), accumulated in float32."""
+        sums = torch.zeros(len(self.lengths), rows.shape[-1], dtype=torch.float32, device=rows.device)
+        sums.index_add_(0, self.span_ids, rows.float())
+        return (sums / self.lengths.unsqueeze(-1)).to(rows.dtype)
+
+
+@dataclass(frozen=True)
+class _Padding:
+    """Flat rows laid out as one zero-padded [records, width] block per length group.
+
+    The blocks lie end to end in one buffer of slots: ``slots[i]`` is where flat row i goes and
+    ``mask`` marks the padding slots.
+    """
+
+    slots: torch.Tensor  # [N]
+    mask: torch.Tensor  # [slots], True = padding
+    shapes: list[tuple[int, int]]  # (records, width) of each group's block
+    dense: bool  # the rows fill every slot in order: padding and unpadding are views
+
+    def blocks(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A tensor over all slots [slots, ...] as one [records, width, ...] view per group."""
+        parts = flat.split([records * width for records, width in self.shapes])
+        return [part.view(records, width, *flat.shape[1:]) for part, (records, width) in zip(parts, self.shapes)]
+
+    def masks(self) -> list[torch.Tensor]:
+        """The padding mask as one [records, width] view per group (True = padding)."""
+        return self.blocks(self.mask)
+
+    def pad(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Flat ``rows`` [N, D] as one zero-padded [records, width, D] tensor per group."""
+        if not self.dense:
+            rows = rows.new_zeros(len(self.mask), rows.shape[-1]).index_copy_(0, self.slots, rows)
+        return self.blocks(rows)
+
+    def unpad(self, blocks: list[torch.Tensor]) -> torch.Tensor:
+        """The flat rows [N, D] back from one padded [records, width, D] tensor per group."""
+        parts = [block.flatten(0, 1) for block in blocks]
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat if self.dense else flat.index_select(0, self.slots)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Every index of one batch, tying tokens, options, questions and records together (see :func:`_build_index`)."""
+
+    last_tokens: torch.Tensor  # [R] flat index of each record's last token
+    question_spans: _Spans
+    option_spans: _Spans
     question_record: torch.Tensor  # [Q]
     question_types: torch.Tensor  # [Q]
-    questions_per_record: list[int]
-    option_spans: torch.Tensor  # [O, 2] flat token coordinates
     option_question: torch.Tensor  # [O]
+    option_record: torch.Tensor  # [O]
     options_per_record: list[int]
-
-
-def _build_index(lengths: Sequence[int], layouts: Sequence[RecordLayout], device: torch.device) -> _Index:
-    offsets, question_spans, question_record, question_types = [], [], [], []
-    option_spans, option_question = [], []
-    questions_per_record, options_per_record = [], []
-    offset = 0
-    for record, (length, layout) in enumerate(zip(lengths, layouts)):
-        offsets.append(offset)
-        for question in layout.questions:
-            question_index = len(question_spans)
-            question_spans.append((question.question_span[0] + offset, question.question_span[1] + offset))
-            question_record.append(record)
-            question_types.append(question.type_id)
-            for start, end in question.option_spans:
-                option_spans.append((start + offset, end + offset))
-                option_question.append(question_index)
-        questions_per_record.append(len(layout.questions))
-        options_per_record.append(layout.option_count)
-        offset += length
-
-    def as_tensor(values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
-
-    return _Index(
-        record_offsets=as_tensor(offsets),
-        record_lengths=list(lengths),
-        question_spans=as_tensor(question_spans),
-        question_record=as_tensor(question_record),
-        question_types=as_tensor(question_types),
-        questions_per_record=questions_per_record,
-        option_spans=as_tensor(option_spans),
-        option_question=as_tensor(option_question),
-        options_per_record=options_per_record,
-    )
-
-
-def _span_token_index(spans: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For spans [S, 2]: (flat token index of every covered token, its span id, span lengths)."""
-    lengths = spans[:, 1] - spans[:, 0]
-    span_ids = torch.repeat_interleave(torch.arange(len(spans), device=spans.device), lengths)
-    first_of_span = torch.cumsum(lengths, 0) - lengths
-    position = torch.arange(int(lengths.sum()), device=spans.device) - first_of_span[span_ids]
-    return spans[span_ids, 0] + position, span_ids, lengths
-
-
-def _segment_mean(rows: torch.Tensor, span_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Mean of ``rows`` per span id, accumulated in float32, returned in ``rows``' dtype."""
-    sums = torch.zeros(len(lengths), rows.shape[-1], dtype=torch.float32, device=rows.device)
-    sums.index_add_(0, span_ids, rows.float())
-    return (sums / lengths.unsqueeze(-1)).to(rows.dtype)
-
-
-def _group_softmax(scores: torch.Tensor, groups: torch.Tensor, group_count: int) -> torch.Tensor:
-    """Softmax of ``scores`` within each group id."""
-    maxima = torch.full((group_count,), -torch.inf, dtype=scores.dtype, device=scores.device)
-    maxima = maxima.scatter_reduce(0, groups, scores, reduce="amax")
-    weights = torch.exp(scores - maxima[groups])
-    totals = torch.zeros(group_count, dtype=scores.dtype, device=scores.device).index_add_(0, groups, weights)
-    return weights / totals[groups]
-
-
-def _pad(rows: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split flat rows into a zero-padded [B, max(counts), D] tensor and its padding mask."""
-    width = max(counts)
-    padded = rows.new_zeros(len(counts), width, rows.shape[-1])
-    padding = torch.ones(len(counts), width, dtype=torch.bool, device=rows.device)
-    valid = torch.arange(width, device=rows.device).unsqueeze(0) < torch.tensor(counts, device=rows.device).unsqueeze(1)
-    padded[valid] = rows
-    padding[valid] = False
-    return padded, padding
+    memory_padding: _Padding  # prompt tokens, the attention memory
+    option_padding: _Padding
+    question_padding: _Padding
 
 
 MAX_PADDING = 0.25
@@ -173,12 +158,119 @@ def _length_groups(lengths: list[int], max_padding: float = MAX_PADDING) -> list
     return groups
 
 
-def _rows(counts: list[int], records: list[int], device: torch.device) -> torch.Tensor:
-    """Flat row indices of ``records`` when each record owns ``counts[r]`` consecutive rows."""
-    starts = [0]
-    for count in counts[:-1]:
-        starts.append(starts[-1] + count)
-    return torch.cat([torch.arange(starts[r], starts[r] + counts[r]) for r in records]).to(device)
+def _ranges(starts: list[int], lengths: list[int]) -> np.ndarray:
+    """``range(start, start + length)`` for each pair, concatenated."""
+    shifts, total = [], 0
+    for start, length in zip(starts, lengths):
+        shifts.append(start - total)
+        total += length
+    return np.arange(total) + np.repeat(shifts, lengths)
+
+
+def _span_arrays(spans: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The fields of a :class:`_Spans` as host arrays, for flat spans [(start, end), ...]."""
+    starts = [start for start, _ in spans]
+    lengths = [end - start for start, end in spans]
+    return [_ranges(starts, lengths), np.repeat(np.arange(len(spans)), lengths), np.array(lengths)]
+
+
+class _HostPadding(NamedTuple):
+    """A :class:`_Padding` on the host, its slots and mask still arrays."""
+
+    slots: np.ndarray
+    mask: np.ndarray
+    shapes: list[tuple[int, int]]
+    dense: bool
+
+
+def _host_padding(counts: list[int], groups: list[list[int]]) -> _HostPadding:
+    """Padding of flat rows, ``counts[r]`` consecutive ones per record, to each group's largest count."""
+    shapes = [(len(records), max(counts[record] for record in records)) for records in groups]
+    first_slots = [0] * len(counts)
+    size = 0
+    for records, (count, width) in zip(groups, shapes):
+        for position, record in enumerate(records):
+            first_slots[record] = size + position * width
+        size += count * width
+    slots = _ranges(first_slots, counts)
+    mask = np.ones(size, dtype=bool)
+    mask[slots] = False
+    # Dense: no padding slot, and each record's block starts where its rows start.
+    dense = size == len(slots) and first_slots == list(accumulate(counts[:-1], initial=0))
+    return _HostPadding(slots, mask, shapes, dense)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting: host tensors go to CUDA from pinned memory."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def _upload(arrays: list[np.ndarray | list[int]], dtype: type, device: torch.device) -> Iterator[torch.Tensor]:
+    """Host arrays on ``device`` as views of one copy, in order."""
+    flat = _to_device(torch.from_numpy(np.concatenate(arrays, dtype=dtype)), device)
+    return iter(flat.split([len(array) for array in arrays]))
+
+
+def _build_index(lengths: list[int], layouts: Sequence[RecordLayout], device: torch.device) -> _Index:
+    """The batch's indices, computed on the host from prompt lengths and layouts, copied to ``device``."""
+    record_starts = list(accumulate(lengths[:-1], initial=0))
+    question_spans, question_record, question_types = [], [], []
+    option_spans, option_question, option_record = [], [], []
+    for record, (offset, layout) in enumerate(zip(record_starts, layouts)):
+        for question in layout.questions:
+            option_spans += [(start + offset, end + offset) for start, end in question.option_spans]
+            option_question += [len(question_spans)] * len(question.option_spans)
+            option_record += [record] * len(question.option_spans)
+            question_spans.append((question.question_span[0] + offset, question.question_span[1] + offset))
+            question_record.append(record)
+            question_types.append(question.type_id)
+    groups = _length_groups(lengths)
+    option_counts = [layout.option_count for layout in layouts]
+    question_counts = [len(layout.questions) for layout in layouts]
+    paddings = [_host_padding(counts, groups) for counts in (lengths, option_counts, question_counts)]
+    integers = _upload(
+        [
+            *(padding.slots for padding in paddings),
+            [start + length - 1 for start, length in zip(record_starts, lengths)],
+            *_span_arrays(question_spans),
+            *_span_arrays(option_spans),
+            question_record,
+            question_types,
+            option_question,
+            option_record,
+        ],
+        np.int64,
+        device,
+    )
+    masks = _upload([padding.mask for padding in paddings], np.bool_, device)
+    # The copies are taken in the order the arrays are listed above.
+    memory_padding, option_padding, question_padding = (
+        _Padding(next(integers), next(masks), padding.shapes, padding.dense) for padding in paddings
+    )
+    return _Index(
+        last_tokens=next(integers),
+        question_spans=_Spans(next(integers), next(integers), next(integers)),
+        option_spans=_Spans(next(integers), next(integers), next(integers)),
+        question_record=next(integers),
+        question_types=next(integers),
+        option_question=next(integers),
+        option_record=next(integers),
+        options_per_record=option_counts,
+        memory_padding=memory_padding,
+        option_padding=option_padding,
+        question_padding=question_padding,
+    )
+
+
+def _group_softmax(scores: torch.Tensor, groups: torch.Tensor, group_count: int) -> torch.Tensor:
+    """Softmax of ``scores`` within each group id."""
+    maxima = torch.full((group_count,), -torch.inf, dtype=scores.dtype, device=scores.device)
+    maxima = maxima.scatter_reduce(0, groups, scores, reduce="amax")
+    weights = torch.exp(scores - maxima[groups])
+    totals = torch.zeros(group_count, dtype=scores.dtype, device=scores.device).index_add_(0, groups, weights)
+    return weights / totals[groups]
 
 
 class JointSchemaHead(nn.Module):
@@ -251,25 +343,17 @@ class JointSchemaHead(nn.Module):
         device = lm_head_weight.device
         index = _build_index([len(ids) for ids in input_ids], layouts, device)
         tokens = torch.cat(list(hidden_states)).to(self.hidden_norm.weight.dtype)
-        token_ids = torch.cat(list(input_ids)).to(device)
+        token_ids = _to_device(torch.cat(list(input_ids)), device)
 
         normed = self.hidden_norm(tokens)
-        projected_memory = self.memory_projection(normed)
-        groups = []  # (records, padded memory, its padding mask): attention sees one group at a time
-        for records in _length_groups(index.record_lengths):
-            rows = _rows(index.record_lengths, records, device)
-            memory, padding = _pad(projected_memory[rows], [index.record_lengths[r] for r in records])
-            groups.append((records, memory, padding))
-        last_tokens = index.record_offsets + torch.tensor(index.record_lengths, device=device) - 1
-        global_vectors = normed[last_tokens]
+        memories = index.memory_padding.pad(self.memory_projection(normed))
+        memory_masks = index.memory_padding.masks()
+        global_vectors = normed[index.last_tokens]
 
-        token_index, span_ids, lengths = _span_token_index(index.question_spans)
-        question_vectors = _segment_mean(normed[token_index], span_ids, lengths)
-        token_index, span_ids, lengths = _span_token_index(index.option_spans)
-        option_contexts = _segment_mean(normed[token_index], span_ids, lengths)
-        lexical = _segment_mean(
-            lm_head_weight[token_ids[token_index]].to(normed.dtype), span_ids, lengths
-        )
+        question_vectors = index.question_spans.mean(normed[index.question_spans.tokens])
+        option_tokens = index.option_spans.tokens
+        option_contexts = index.option_spans.mean(normed[option_tokens])
+        lexical = index.option_spans.mean(lm_head_weight[token_ids[option_tokens]].to(normed.dtype))
 
         option_question = index.option_question
         queries = (
@@ -277,13 +361,12 @@ class JointSchemaHead(nn.Module):
             + self.option_lexical_projection(lexical)
             + self.option_question_projection(question_vectors)[option_question]
         )
-        routed = torch.empty_like(queries)
-        for records, memory, memory_padding in groups:
-            rows = _rows(index.options_per_record, records, device)
-            options, option_padding = _pad(queries[rows], [index.options_per_record[r] for r in records])
+        routed = []  # attention sees one length group at a time
+        for options, memory, memory_mask in zip(index.option_padding.pad(queries), memories, memory_masks):
             for layer in self.evidence_layers:
-                options = layer(options, memory, memory_padding)
-            routed[rows] = options[~option_padding]
+                options = layer(options, memory, memory_mask)
+            routed.append(options)
+        routed = index.option_padding.unpad(routed)
 
         base_fields = self.question_projection(question_vectors)
         routing_scores = (routed * base_fields[option_question]).sum(-1) / math.sqrt(routed.shape[-1])
@@ -295,19 +378,19 @@ class JointSchemaHead(nn.Module):
             + self.global_projection(global_vectors)[index.question_record]
             + self.type_embedding(index.question_types)
         )
-        decided = torch.empty_like(fields)
-        for records, memory, memory_padding in groups:
-            rows = _rows(index.questions_per_record, records, device)
-            group_fields, field_padding = _pad(fields[rows], [index.questions_per_record[r] for r in records])
+        question_padding = index.question_padding
+        decided = []
+        for group_fields, field_mask, memory, memory_mask in zip(
+            question_padding.pad(fields), question_padding.masks(), memories, memory_masks
+        ):
             for layer in self.layers:
                 group_fields = layer(
-                    group_fields, memory, tgt_key_padding_mask=field_padding, memory_key_padding_mask=memory_padding
+                    group_fields, memory, tgt_key_padding_mask=field_mask, memory_key_padding_mask=memory_mask
                 )
-            decided[rows] = group_fields[~field_padding]
-        fields = self.field_norm(decided)
+            decided.append(group_fields)
+        fields = self.field_norm(question_padding.unpad(decided))
 
-        option_record = index.question_record[option_question]
-        anchor = F.normalize(question_vectors[option_question] + global_vectors[option_record], dim=-1)
+        anchor = F.normalize(question_vectors[option_question] + global_vectors[index.option_record], dim=-1)
         prior_scale = self.prior_logit_scale.clamp(max=MAX_LOG_SCALE).exp()
         prior = prior_scale * (F.normalize(lexical, dim=-1) * anchor).sum(-1)
         options = self.option_norm(routed)
