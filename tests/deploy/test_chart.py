@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from clef_operator.constants import COMPILE_CACHE_ENV
 from clef_operator.spec import CACHE_VOLUME_SOURCES
 from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, run_helm
 from tests.deploy.conftest import Render
@@ -203,10 +204,7 @@ def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v1/models/{{.Name}}"
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
-    assert container["env"] == [
-        {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
-        {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
-    ]
+    assert container["env"] == [{"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()]
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "compile-cache", "mountPath": "/var/cache/clef"},

@@ -53,7 +53,9 @@ def test_predictor_contract() -> None:
     assert container["env"] == [
         {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
         {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/clef/inductor"},
         {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
+        {"name": "TRITON_CACHE_AUTOTUNING", "value": "1"},
     ]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
