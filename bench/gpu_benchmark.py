@@ -48,6 +48,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from clef_operator.constants import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
+
 MODES = ("eager", "compile", "graphs")
 VLLM_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
 CASES = ("prepare", "transformers", "head", *VLLM_CASES, "http")
@@ -641,31 +643,27 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
 
     ``key`` names the case, its variant and repetition; the result is stored as ``results/<key>.json``.
     """
-    case = base_case(key)
     result_file = Path(args.work) / "results" / f"{key}.json"
     result_file.unlink(missing_ok=True)
     env = dict(os.environ)
     cache = Path(args.cache_dir or Path(args.work) / "cache").resolve()
-    # The same layout as a predictor pod's compile-cache volume (clef_operator.constants.COMPILE_CACHE_ENV).
-    env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
-    env["TRITON_CACHE_DIR"] = str(cache / "triton")
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
-    env["TRITON_CACHE_AUTOTUNING"] = "1"
+    # The layout of a predictor pod's compile-cache volume, rooted at the cache folder.
+    env.update({name: value.replace(COMPILE_CACHE_DIR, str(cache)) for name, value in COMPILE_CACHE_ENV.items()})
     if args.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     timeout = max(deadline - time.time(), 1)
     log_path = Path(args.work) / f"case-{key}.log"
-    _log(f"case {case}: starting (at most {timeout:.0f} s, log {log_path})")
+    _log(f"case {key}: starting (at most {timeout:.0f} s, log {log_path})")
     started = time.perf_counter()
     with log_path.open("w") as log:
         try:
             subprocess.run(_child_command(args, key), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"case": case, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
+            return {"case": key, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
     if not result_file.is_file():
         tail = log_path.read_text()[-3000:]
-        return {"case": case, "error": "the case process died without a result", "log_tail": tail}
+        return {"case": key, "error": "the case process died without a result", "log_tail": tail}
     result = json.loads(result_file.read_text())
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
