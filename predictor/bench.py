@@ -57,6 +57,7 @@ class Results:
             "requests": len(self.latencies),
             "errors": sum(self.errors.values()),
             "error_kinds": self.errors,
+            "tokens": self.tokens,
             "seconds": round(self.seconds, 2),
             "requests_per_s": round(len(self.latencies) / self.seconds, 2) if self.seconds else 0.0,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else 0.0,
