@@ -5,9 +5,9 @@
     python -m bench.gpu_benchmark --device cpu --scale tiny --records 8 --work /tmp/smoke   # CPU smoke run
 
 Stages (each engine case runs in its own process, so a crash or a leak cannot spoil the next):
-- prepare: the random-weight BF16 release (``bench.fullsize_release``, built on the device) and its
-  FP8_DYNAMIC copy (``clef_head.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
-  (``bench.records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
+- prepare: the random-weight BF16 release (``clef_tools.fullsize``, built on the device) and its
+  FP8_DYNAMIC copy (``clef_tools.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
+  (``clef_tools.sized_records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
 - transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches;
   also the time split between backbone and head on the same batches.
 - head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64.
@@ -48,7 +48,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from clef_operator.constants import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
+from clef_contract.predictor import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
 
 MODES = ("eager", "compile", "graphs")
 VLLM_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
@@ -160,12 +160,12 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
     if not (bf16 / "config.json").is_file():
         if args.bf16:
             raise FileNotFoundError(f"--bf16 {bf16}: no config.json")
-        command = [sys.executable, "-m", "bench.fullsize_release", str(bf16), "--scale", args.scale, "--device", args.device]
+        command = [sys.executable, "-m", "clef_tools.fullsize", str(bf16), "--scale", args.scale, "--device", args.device]
         result["build_bf16"] = _run_json(command, deadline)
     if not (fp8 / "config.json").is_file():
         if args.fp8:
             raise FileNotFoundError(f"--fp8 {fp8}: no config.json")
-        command = [sys.executable, "-m", "clef_head.quantize", str(bf16), str(fp8), "--device", args.device]
+        command = [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(fp8), "--device", args.device]
         result["quantize_fp8"] = _run_json(command, deadline)
     result["bf16"], result["fp8"] = str(bf16), str(fp8)
     meta = {"records": args.records, "seed": args.seed, "tokens": args.tokens, "tokenizer": str(bf16)}
@@ -173,7 +173,7 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
     if not (meta_file.is_file() and json.loads(meta_file.read_text()) == meta and (work / "encoded.json").is_file()):
         from transformers import AutoTokenizer
 
-        from bench.records import make_records
+        from clef_tools.sized_records import make_records
         from clef_head.encoder import encode_request
         from clef_head.request import parse_request
 
@@ -221,7 +221,7 @@ def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, 
     import torch
 
     from clef_head.encoder import EncodedRequest
-    from clef_head.reference import TransformersScorer
+    from predictor.engines.reference import TransformersScorer
 
     ids, layouts = _load_encoded(work)
     ids = ids[: args.transformers_records or len(ids)]

@@ -1,6 +1,6 @@
 """Joint schema head throughput: one record at a time vs one batched call.
 
-    python bench/head_benchmark.py [--shape clef-flash|tiny] [--records 64] [--repeats 5] [--dtype float32]
+    python -m bench.head_benchmark [--shape clef-flash|tiny] [--records 64] [--repeats 5] [--dtype float32]
         [--device cuda]
 
 Random hidden states and weights (speed only). Records come from the test generator with 1–8
@@ -15,24 +15,22 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from clef_head.encoder import encode_request  # noqa: E402
-from clef_head.head import HeadConfig, JointSchemaHead  # noqa: E402
-from clef_head.request import parse_request  # noqa: E402
-from clef_head.tiny import TINY_HEAD, build_tokenizer  # noqa: E402
-from tests.records import make_request  # noqa: E402
+from clef_head.encoder import encode_request
+from clef_head.head import JointSchemaHead
+from clef_head.request import parse_request
+from clef_tools.fullsize import FULL_HEAD
+from clef_tools.tiny import TINY_HEAD, build_tokenizer
+from clef_tools.sample_requests import make_request
 
 SHAPES = {
     "tiny": TINY_HEAD,
-    "clef-flash": HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096),
+    "clef-flash": FULL_HEAD,
 }
 
 

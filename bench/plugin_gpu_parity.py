@@ -1,10 +1,10 @@
 """vLLM plugin on a GPU against the transformers reference: agreement, max |Δ probability|, tokens/s.
 
-    python bench/plugin_gpu_parity.py [--workdir DIR] [--cases bf16-eager,fp8-graph,...] [--records 200]
+    python -m bench.plugin_gpu_parity [--workdir DIR] [--cases bf16-eager,fp8-graph,...] [--records 200]
                                       [--tokens 512] [--case-timeout 600]
 
-Offline: builds tiny random releases itself (``clef_head.tiny``; FP8 with ``python -m
-clef_head.quantize``), scores the same seeded records with the transformers reference (BF16, on
+Offline: builds tiny random releases itself (``clef_tools.tiny``; FP8 with ``python -m
+clef_tools.quantize``), scores the same seeded records with the transformers reference (BF16, on
 CUDA) and with vLLM through the plugin (``engine_kwargs`` + one ``llm.encode`` call), then prints
 one JSON summary and writes it to ``WORKDIR/plugin_gpu_parity.json``.
 
@@ -26,9 +26,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TOLERANCE = 0.02  # max |Δ probability| the CPU tests also hold BF16 to
 
@@ -101,7 +98,7 @@ def stage_reference(workdir: Path, release: str) -> dict[str, Any]:
     """Transformers reference logits (BF16, CUDA) for the records on one release; saves them."""
     import torch
 
-    from clef_head.reference import TransformersScorer
+    from predictor.engines.reference import TransformersScorer
 
     _, encoded = _load_records(workdir)
     scorer = TransformersScorer(workdir / f"release-{release}", device="cuda", dtype=torch.bfloat16)
@@ -156,7 +153,7 @@ def _run_stage(args: argparse.Namespace, stage: str, name: str) -> dict[str, Any
     """Run one stage in a subprocess; its JSON result, or an error entry with the log's tail."""
     log = args.workdir / f"{stage}-{name}.log"
     command = [
-        sys.executable, __file__, "--stage", stage, "--name", name, "--workdir", str(args.workdir),
+        sys.executable, "-m", "bench.plugin_gpu_parity", "--stage", stage, "--name", name, "--workdir", str(args.workdir),
         "--max-model-len", str(args.max_model_len), "--cases", args.cases,
     ]
     start = time.perf_counter()
@@ -179,8 +176,8 @@ def _prepare(args: argparse.Namespace, releases: set[str]) -> dict[str, Any]:
     """Tiny releases and the seeded records; returns what was built (or why not)."""
     from transformers import AutoTokenizer
 
-    from bench.records import make_records
-    from clef_head.tiny import build_tiny_release
+    from clef_tools.sized_records import make_records
+    from clef_tools.tiny import build_tiny_release
 
     info: dict[str, Any] = {}
     bf16 = args.workdir / "release-bf16"
@@ -191,8 +188,8 @@ def _prepare(args: argparse.Namespace, releases: set[str]) -> dict[str, Any]:
         fp8 = args.workdir / "release-fp8"
         if not (fp8 / "config.json").exists():
             result = subprocess.run(
-                [sys.executable, "-m", "clef_head.quantize", str(bf16), str(fp8)],
-                cwd=ROOT, capture_output=True, text=True, timeout=args.case_timeout,
+                [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(fp8)],
+                capture_output=True, text=True, timeout=args.case_timeout,
             )
             if result.returncode != 0:
                 info["fp8_error"] = (result.stdout + result.stderr).splitlines()[-25:]

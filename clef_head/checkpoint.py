@@ -19,6 +19,8 @@ from clef_head.head import HeadConfig, JointSchemaHead
 HEAD_CONFIG_FILE = "joint_head_config.json"
 HEAD_WEIGHTS_FILE = "joint_head.safetensors"
 HEAD_SUBFOLDER = "clef_head"
+# Releases generated with random weights (demo, tests, benchmarks) carry this file; servers warn loudly.
+RANDOM_MARKER = "RANDOM_WEIGHTS.txt"
 
 
 class CheckpointError(ValueError):
@@ -93,3 +95,8 @@ def load_head(
             )
     head.load_state_dict(state, strict=True)
     return head.to(device=device, dtype=dtype).eval()
+
+
+def is_random_release(model_dir: str | Path) -> bool:
+    """True when ``model_dir`` carries the random-weights marker."""
+    return (Path(model_dir) / RANDOM_MARKER).is_file()

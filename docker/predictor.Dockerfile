@@ -7,19 +7,19 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /opt/clef-serving
-COPY pyproject.toml README.md ./
-COPY clef_head/ clef_head/
-COPY clef_plugin/ clef_plugin/
-COPY predictor/ predictor/
-COPY operator/clef_operator/ operator/clef_operator/
+COPY pyproject.toml README.md /tmp/clef-serving/
+COPY clef_head/ /tmp/clef-serving/clef_head/
+COPY clef_plugin/ /tmp/clef-serving/clef_plugin/
+COPY clef_tools/ /tmp/clef-serving/clef_tools/
+COPY predictor/ /tmp/clef-serving/predictor/
 
-# Every package already in the image (vLLM, PyTorch, the CUDA libraries) is pinned as a constraint,
-# so installing the `serve` and `vllm` extras only adds what is missing: a dependency that would
+# Installed like any distribution (not editable), then the sources are removed: the image imports only what
+# the wheel holds. Every package already in the image (vLLM, PyTorch, the CUDA libraries) is pinned as a
+# constraint, so installing the `serve` and `vllm` extras only adds what is missing: a dependency that would
 # replace one of them fails the build instead of silently swapping the GPU stack.
 RUN python3 -m pip list --format=freeze > /tmp/image-constraints.txt \
-    && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt ".[serve,vllm]" \
-    && rm /tmp/image-constraints.txt
+    && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt "/tmp/clef-serving[serve,vllm]" \
+    && rm -rf /tmp/image-constraints.txt /tmp/clef-serving
 
 # The operator's InferenceServices start the predictor as `python -m predictor`.
 RUN command -v python > /dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
@@ -28,6 +28,7 @@ RUN command -v python > /dev/null || ln -s "$(command -v python3)" /usr/local/bi
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/clef --shell /usr/sbin/nologin clef
 ENV HOME=/home/clef
 USER 10001:10001
+WORKDIR /home/clef
 
 EXPOSE 8080
 # KServe (or the operator's InferenceService) passes the arguments: --model-dir, --model-name, ...

@@ -15,7 +15,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from clef_head.tiny import is_random_release
+from clef_head.checkpoint import is_random_release
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engines import DTYPE_CHOICES, ENGINE_CHOICES, EngineSpec, build_engine
 from predictor.errors import ApiError, api_error_handler, validation_error_handler

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import clef_head.tiny as tiny
+import clef_tools.tiny as tiny
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from clef_head.tiny import build_tiny_release
+from clef_tools.tiny import build_tiny_release
 
 REFERENCE_MODULE = "clef_finetune/_vendor/joint_schema_model.py"
 

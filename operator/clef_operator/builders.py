@@ -12,21 +12,23 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from clef_operator.constants import (
+from clef_contract.predictor import (
     COMPILE_CACHE_DIR,
     COMPILE_CACHE_ENV,
     COMPILE_CACHE_VOLUME,
+    MODEL_DIR,
+    PREDICTOR_GID,
+    PREDICTOR_PORT,
+)
+from clef_operator.constants import (
     DECISION_LABEL,
     GPU_RESOURCE,
     KSERVE_API_VERSION,
     KSERVE_CONTAINER_NAME,
     KSERVE_DEPLOYMENT_MODE_ANNOTATION,
     MANAGED_BY,
-    MODEL_DIR,
     POOL_ANNOTATION,
     POOL_LABEL,
-    PREDICTOR_GID,
-    PREDICTOR_PORT,
     SPEC_HASH_ANNOTATION,
 )
 from clef_operator.pools import NodePool

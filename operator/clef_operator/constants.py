@@ -43,26 +43,3 @@ GPU_COMPUTE_MINOR_LABEL = "nvidia.com/gpu.compute.minor"
 
 # The smallest compute capability with FP8 tensor cores (Ada); Hopper is 9.0, Blackwell 10.0/12.0.
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
-
-# The predictor's contract: port and the warm-up-gated model endpoint.
-PREDICTOR_PORT = 8080
-MODEL_DIR = "/mnt/models"
-
-# The predictor image's unprivileged user and group: docker/predictor.Dockerfile creates them
-# (`useradd --uid 10001`) and runs as `USER 10001:10001`; tests/deploy/test_dockerfiles.py fails when the two
-# drift apart. The InferenceServices' pods use the group as fsGroup, so that Kubernetes makes the volumes it
-# can manage (emptyDir, most claims; not hostPath) writable by the predictor.
-PREDICTOR_UID = 10001
-PREDICTOR_GID = 10001
-
-# The compile cache: vLLM's torch.compile artifacts, Inductor's cache, Triton's kernels and Triton's autotuning
-# results on a volume, so a restarted predictor loads them instead of compiling and benchmarking kernels again
-# (on an H200: ready after ~55-60 s with a warm cache instead of ~205 s; BENCHMARKS.md).
-COMPILE_CACHE_VOLUME = "compile-cache"
-COMPILE_CACHE_DIR = "/var/cache/clef"
-COMPILE_CACHE_ENV: dict[str, str] = {
-    "VLLM_CACHE_ROOT": f"{COMPILE_CACHE_DIR}/vllm",
-    "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE_DIR}/inductor",
-    "TRITON_CACHE_DIR": f"{COMPILE_CACHE_DIR}/triton",
-    "TRITON_CACHE_AUTOTUNING": "1",
-}

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from clef_operator.constants import COMPILE_CACHE_VOLUME, FP8_MIN_COMPUTE_CAPABILITY
+from clef_contract.predictor import COMPILE_CACHE_VOLUME
+from clef_operator.constants import FP8_MIN_COMPUTE_CAPABILITY
 
 STORAGE_URI_PATTERN = r"^(pvc|s3|gs|hf|oci)://.+"
 MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"

@@ -8,14 +8,14 @@ from typing import Any, Sequence
 import torch
 
 from clef_head.encoder import EncodedRequest
-from clef_head.reference import TransformersScorer
+from predictor.engines.reference import TransformersScorer
 from predictor import metrics
 from predictor.batching import MicroBatcher
 from predictor.engines.base import Engine, EngineDead
 
 
 class TransformersEngine(Engine):
-    """One :class:`~clef_head.reference.TransformersScorer` on one device; one forward pass at a time."""
+    """One :class:`~predictor.engines.reference.TransformersScorer` on one device; one forward pass at a time."""
 
     kind = "transformers"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clef_operator.constants import COMPILE_CACHE_ENV
+from clef_contract.predictor import COMPILE_CACHE_ENV
 from clef_operator.spec import CACHE_VOLUME_SOURCES
 from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, run_helm
 from tests.deploy.conftest import Render

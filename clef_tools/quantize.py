@@ -1,6 +1,6 @@
 """Quantize a Clef release's backbone to FP8 (compressed-tensors W8A8) and write the FP8 repository layout.
 
-    python -m clef_head.quantize SRC DST [--scheme FP8_DYNAMIC] [--device auto|cpu|cuda]
+    python -m clef_tools.quantize SRC DST [--scheme FP8_DYNAMIC] [--device auto|cpu|cuda]
 
 FP8_DYNAMIC: every ``Linear`` of the backbone gets FP8 (e4m3) weights with one static scale per
 output channel; activations are quantized per token at run time (vLLM's CUTLASS FP8 GEMM on Hopper).
@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from clef_head.checkpoint import HEAD_SUBFOLDER, CheckpointError, find_head_files
-from clef_head.tiny import RANDOM_MARKER, is_random_release
+from clef_head.checkpoint import HEAD_SUBFOLDER, RANDOM_MARKER, CheckpointError, find_head_files, is_random_release
 
 SCHEMES: tuple[str, ...] = ("FP8_DYNAMIC",)
 TARGETS: list[str] = ["Linear"]
@@ -150,7 +149,7 @@ def _resolve_device(device: str) -> torch.device:
 def _recipe(scheme: str) -> str:
     """llm-compressor's recipe for the same quantization (reproducible with ``oneshot``)."""
     return (
-        "# Quantization applied by clef_head.quantize (equivalent llm-compressor recipe).\n"
+        "# Quantization applied by clef_tools.quantize (equivalent llm-compressor recipe).\n"
         "default_stage:\n"
         "  default_modifiers:\n"
         "    QuantizationModifier:\n"
@@ -263,8 +262,8 @@ def quantize_release(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m clef_head.quantize SRC DST [--scheme FP8_DYNAMIC] [--device auto]``."""
-    parser = argparse.ArgumentParser(prog="python -m clef_head.quantize", description=__doc__.split("\n\n")[0])
+    """Command line: ``python -m clef_tools.quantize SRC DST [--scheme FP8_DYNAMIC] [--device auto]``."""
+    parser = argparse.ArgumentParser(prog="python -m clef_tools.quantize", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="BF16 release folder (head at the root or in clef_head/)")
     parser.add_argument("destination", type=Path, help="new folder for the FP8 release")
     parser.add_argument("--scheme", choices=SCHEMES, default="FP8_DYNAMIC")

@@ -1,6 +1,6 @@
 """Build a tiny, random, complete Clef release (same files as a real one) for tests and the demo.
 
-    python -m clef_head.tiny OUT [--seed N] [--layout release|fp8]
+    python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8]
 
 The backbone is a real ``Qwen3_5ForConditionalGeneration`` (hybrid Gated DeltaNet + full attention)
 with sizes that vLLM's CPU kernels accept; the tokenizer is a byte-level BPE with Qwen's special
@@ -18,11 +18,10 @@ from typing import Any
 
 import torch
 
-from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE
+from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, RANDOM_MARKER
 from clef_head.encoder import NOUL_DEFAULTS, PROMPT_HEAD, PROMPT_TAIL
 from clef_head.head import HeadConfig, JointSchemaHead
 
-RANDOM_MARKER = "RANDOM_WEIGHTS.txt"
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -220,20 +219,15 @@ def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") 
     head_folder = path / HEAD_SUBFOLDER if layout == "fp8" else path
     save_head(random_head(TINY_HEAD, seed), head_folder)
     (path / RANDOM_MARKER).write_text(
-        f"Random weights (seed {seed}), built by clef_head.tiny. Not a trained Clef model: "
+        f"Random weights (seed {seed}), built by clef_tools.tiny. Not a trained Clef model: "
         "its answers carry no meaning.\n"
     )
     return TinyRelease(path=path, layout=layout)
 
 
-def is_random_release(model_dir: str | Path) -> bool:
-    """True when ``model_dir`` carries the random-weights marker."""
-    return (Path(model_dir) / RANDOM_MARKER).is_file()
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m clef_head.tiny OUT [--seed N] [--layout release|fp8]``."""
-    parser = argparse.ArgumentParser(prog="python -m clef_head.tiny", description=__doc__.split("\n\n")[0])
+    """Command line: ``python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8]``."""
+    parser = argparse.ArgumentParser(prog="python -m clef_tools.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder to write the release into")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layout", choices=("release", "fp8"), default="release")

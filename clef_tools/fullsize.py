@@ -1,6 +1,6 @@
 """Build a random-weight Clef release with Clef-flash's full shape, on the GPU, in seconds.
 
-    python -m bench.fullsize_release OUT [--dtype bf16] [--device cuda] [--scale full|tiny] [--fp8 DIR]
+    python -m clef_tools.fullsize OUT [--dtype bf16] [--device cuda] [--scale full|tiny] [--fp8 DIR]
 
 ``full``: the Qwen3.5-9B text shape (vocab 248320, hidden 4096, 32 layers: 3 Gated DeltaNet + 1
 full attention repeating, 16 heads / 4 KV heads of dim 256, linear attention 16 key / 32 value heads
@@ -12,7 +12,7 @@ initialised there with the model's own initialisers, then saved as safetensors s
 
 The tokenizer is the tiny release's byte-level BPE (1,024 ids); the model's vocabulary is still
 248,320, so prompts only use its first ids. Random weights measure speed, never accuracy: a marker
-file says so. ``--fp8 DIR`` also writes the FP8_DYNAMIC copy (``clef_head.quantize``).
+file says so. ``--fp8 DIR`` also writes the FP8_DYNAMIC copy (``clef_tools.quantize``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from clef_head.head import HeadConfig
-from clef_head.tiny import (
-    RANDOM_MARKER,
+from clef_head.checkpoint import RANDOM_MARKER
+from clef_tools.tiny import (
     SPECIAL_TOKENS,
     TINY_HEAD,
     TINY_TEXT_SHAPE,
@@ -119,7 +119,7 @@ def build_release(
     save_processor(path, tokenizer)
     save_head(random_head(head_config, seed), path)
     (path / RANDOM_MARKER).write_text(
-        f"Random weights (seed {seed}, {scale} shape), built by bench.fullsize_release for speed "
+        f"Random weights (seed {seed}, {scale} shape), built by clef_tools.fullsize for speed "
         "measurements. Not a trained Clef model: its answers carry no meaning.\n"
     )
     return {
@@ -137,7 +137,7 @@ def build_release(
 
 def main(argv: list[str] | None = None) -> None:
     """Command line (see the module docstring); prints a JSON summary."""
-    parser = argparse.ArgumentParser(prog="python -m bench.fullsize_release", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m clef_tools.fullsize", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="new folder for the BF16 release")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--device", default="cuda", help="where weights are created: cuda, cuda:N or cpu")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary: dict[str, Any] = {"bf16": build_release(args.out, args.scale, args.device, args.dtype, args.seed)}
         if args.fp8 is not None:
-            from clef_head.quantize import quantize_release
+            from clef_tools.quantize import quantize_release
 
             summary["fp8"] = quantize_release(args.out, args.fp8, device=args.device).to_json()
     except (ValueError, RuntimeError, OSError) as exc:
