@@ -1,15 +1,20 @@
-"""The embedded demo release: a tiny RANDOM Clef release built once and cached (no download)."""
+"""The embedded demo release: a tiny RANDOM Clef release built once and cached (no download).
+
+The one place the serving path uses release tooling: :func:`clef_tools.tiny.build_tiny_release`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import clef_tools.tiny as tiny
+from clef_head.checkpoint import is_random_release
+from clef_tools.tiny import build_tiny_release
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +32,25 @@ def default_cache_dir() -> Path:
 
 def _builder_version() -> str:
     """A digest of the builder's source: a changed builder gives a new cache folder."""
-    return hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]
+    return hashlib.sha256(Path(inspect.getfile(build_tiny_release)).read_bytes()).hexdigest()[:12]
 
 
 def demo_release(cache_dir: Path | None = None) -> Path:
     """The cached demo release, built on first use (atomically: a half-written one is never reused)."""
     root = cache_dir or default_cache_dir()
     path = root / f"demo-release-{_builder_version()}"
-    if tiny.is_random_release(path) and (path / "config.json").is_file():
+    if is_random_release(path) and (path / "config.json").is_file():
         log.info("reusing the demo release in %s", path)
         return path
     root.mkdir(parents=True, exist_ok=True)
     log.info("building the tiny random demo release in %s (once)", path)
     staging = Path(tempfile.mkdtemp(prefix="demo-release-", dir=root))
     try:
-        tiny.build_tiny_release(staging, seed=DEMO_SEED, layout="release")
+        build_tiny_release(staging, seed=DEMO_SEED, layout="release")
         try:
             staging.rename(path)
         except OSError:  # another process finished first
-            if not tiny.is_random_release(path):
+            if not is_random_release(path):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
