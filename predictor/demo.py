@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from clef_head.checkpoint import is_random_release
 import clef_tools.tiny as tiny
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def demo_release(cache_dir: Path | None = None) -> Path:
     """The cached demo release, built on first use (atomically: a half-written one is never reused)."""
     root = cache_dir or default_cache_dir()
     path = root / f"demo-release-{_builder_version()}"
-    if tiny.is_random_release(path) and (path / "config.json").is_file():
+    if is_random_release(path) and (path / "config.json").is_file():
         log.info("reusing the demo release in %s", path)
         return path
     root.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ def demo_release(cache_dir: Path | None = None) -> Path:
         try:
             staging.rename(path)
         except OSError:  # another process finished first
-            if not tiny.is_random_release(path):
+            if not is_random_release(path):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -57,6 +57,11 @@ class TransformersEngine(Engine):
         """Longest prompt in tokens."""
         return self.scorer.max_length
 
+    @property
+    def capacity(self) -> int:
+        """Records per forward pass."""
+        return self._batcher.max_batch
+
     def _score_batch(self, batch: Sequence[EncodedRequest]) -> list[torch.Tensor]:
         return self.scorer.score(batch)
 
