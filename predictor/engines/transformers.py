@@ -74,6 +74,10 @@ class TransformersEngine(Engine):
         self._in_flight.inc()
         try:
             return await self._batcher.submit(encoded)
+        except Exception as exc:
+            if not self._batcher.alive:
+                raise EngineDead(f"{self.label}: the batching loop is not running ({exc})") from exc
+            raise
         finally:
             self._in_flight.dec()
 

@@ -224,3 +224,39 @@ def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypat
     with pytest.raises(InsufficientMemory, match="--kv-cache-memory-bytes .* or lower --gpu-memory-utilization"):
         check_vllm_cpu_memory(0.9, None, available=1 << 20)
     check_vllm_cpu_memory(0.9, 1 << 30, available=1 << 20)  # an explicit cache size is vLLM's to check
+
+
+def test_a_stopped_micro_batcher_fails_running_and_queued_requests() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def run(batch: Sequence[int]) -> list[int]:
+        release.wait(10)
+        return list(batch)
+
+    async def scenario() -> list[Any]:
+        batcher: MicroBatcher[int, int] = MicroBatcher(run, max_batch=1, max_wait_s=0)
+        await batcher.start()
+        calls = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
+        await asyncio.sleep(0.2)  # the first runs, the others wait
+        batcher.close()
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        release.set()
+        return results
+
+    results = asyncio.run(scenario())
+    assert all(isinstance(result, RuntimeError) for result in results), results
+
+
+def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import predictor.engine_args
+    from predictor.cli import build_parser
+
+    monkeypatch.setattr(predictor.engine_args, "vllm_installed", lambda: False)
+    parser = build_parser()
+    args = parser.parse_args(["--dp", "2", "--max-model-len", "512", "--dtype", "float32", "--http_port", "9000"])
+    assert (args.data_parallel_size, args.max_model_len, args.dtype, args.http_port) == (2, 512, "float32", 9000)
+    assert parser.parse_args(["--data-parallel-size", "3"]).data_parallel_size == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tensor-parallel-size", "2"])
