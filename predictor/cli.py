@@ -1,7 +1,8 @@
 """``python -m predictor``: serve Clef-flash with KServe's ModelServer.
 
 With no ``--model-dir`` it serves the embedded tiny demo release (RANDOM weights, said loudly).
-KServe's own flags (``--http_port``, ``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
+vLLM's engine arguments (``--tensor-parallel-size`` ...) and KServe's own flags (``--http_port``,
+``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from predictor.errors import ApiError, api_error_handler, service_error_handler,
 from predictor.health import health_router
 from predictor.http_body import RequestBodyMiddleware
 from predictor.jev_api import add_routes
-from predictor.memory import InsufficientMemory
 from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown
+from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
 from predictor.observe import RequestObserverMiddleware, configure_json_logs
 from predictor.service import ModelCard
