@@ -260,3 +260,14 @@ def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: 
     assert parser.parse_args(["--data-parallel-size", "3"]).data_parallel_size == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["--tensor-parallel-size", "2"])
+
+
+def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
+    from predictor.bench import HOT_BODIES, bench_request
+
+    def distinct(fraction: float) -> int:
+        return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})
+
+    assert distinct(0.0) == 400 and distinct(1.0) == HOT_BODIES
+    assert 150 < distinct(0.5) < 250
+    assert bench_request(7, "m", 0.5) == bench_request(7, "m", 0.5)
