@@ -5,6 +5,8 @@ vLLM is imported inside the functions, so importing this module stays light.
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -19,6 +21,7 @@ from clef_plugin.names import ARCHITECTURE, LAYOUT_KEY, POOLING_TASK
 
 if TYPE_CHECKING:
     from vllm import LLM, PoolingParams
+    from vllm.config import PoolerConfig
 
 
 PREFILL_CAPTURE_SIZES = (16, 32, 64, 128, 256)
@@ -50,44 +53,121 @@ def graph_compilation_config(capture_sizes: Sequence[int]) -> dict[str, Any]:
     return {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": list(capture_sizes)}
 
 
+FIXED_SETTINGS: dict[str, Any] = {
+    "runner": "pooling",
+    "language_model_only": True,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": False,
+}
+"""Engine settings the plugin needs; a caller asking for another value is refused (see :func:`engine_kwargs`)."""
+WHY = {
+    "runner": "Clef is a pooling model",
+    "language_model_only": "Clef reads text and JSON only (no vision tower)",
+    "enable_chunked_prefill": "long prompts are scored in chunks",
+    "enable_prefix_caching": "the joint schema head reads every prompt token's hidden state",
+}
+LM_HEAD_NAMES = ("lm_head", "language_model.lm_head", "model.lm_head")
+
+
+class PluginSettingConflict(ValueError):
+    """An engine setting contradicts what the plugin needs; the message names the flag and why."""
+
+    def __init__(self, name: str, value: Any, reason: str) -> None:
+        flag = "--" + name.replace("_", "-")
+        super().__init__(f"{flag} {value!r} contradicts the clef plugin: {reason}")
+        self.flag = flag
+
+
+def quantizes_lm_head(quantization_config: dict[str, Any] | None) -> bool:
+    """True when a checkpoint's ``quantization_config`` quantizes ``lm_head`` (the head reads its rows).
+
+    compressed-tensors configs quantize every targeted Linear not in ``ignore``; GPTQ/AWQ-style
+    configs say ``lm_head: true``.
+    """
+    if not quantization_config:
+        return False
+    if quantization_config.get("lm_head") is True:
+        return True
+    if quantization_config.get("quant_method") != "compressed-tensors":
+        return False
+    for entry in quantization_config.get("ignore", []):
+        pattern = entry[3:] if entry.startswith("re:") else re.escape(entry)
+        if any(re.fullmatch(pattern, name) for name in LM_HEAD_NAMES):
+            return False
+    return True
+
+
+def _release_quantization(model_dir: str | Path, hf_overrides: Any) -> dict[str, Any] | None:
+    config_file = Path(model_dir) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if isinstance(hf_overrides, dict) and "quantization_config" in hf_overrides:
+        return hf_overrides["quantization_config"]
+    return config.get("quantization_config")
+
+
+def _pooler_config(given: Any) -> PoolerConfig:
+    from vllm.config import PoolerConfig
+
+    if given is None:
+        return PoolerConfig(task=POOLING_TASK)
+    if isinstance(given, dict):
+        given = PoolerConfig(**given)
+    if given.task not in (None, POOLING_TASK):
+        raise PluginSettingConflict("pooler_config", {"task": given.task}, f"the pooling task must be {POOLING_TASK!r}")
+    given.task = POOLING_TASK
+    return given
+
+
 def engine_kwargs(
     model_dir: str | Path,
     *,
     max_model_len: int = 16384,
     dtype: str = "bfloat16",
     enforce_eager: bool = False,
-    gpu_memory_utilization: float = 0.9,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
-    **extra: Any,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM(**kw)`` and ``vllm.AsyncEngineArgs(**kw)``.
+    """Keyword arguments for ``vllm.LLM(**kw)`` and ``vllm.AsyncEngineArgs(**kw)``: ``settings``
+    (any of vLLM's engine arguments) with the plugin's own on top.
 
-    Pooling runner, the plugin's architecture, the per-token pooling task, language model only
-    (no vision tower), chunked prefill on and prefix caching off. Unless ``enforce_eager`` is set or
-    ``extra`` holds a ``compilation_config``, vLLM compiles the model and captures piecewise CUDA
-    graphs at :func:`prefill_capture_sizes`. ``extra`` is passed through (e.g.
-    ``tensor_parallel_size``, ``quantization``, ``gdn_prefill_backend``); asking for prefix caching
-    raises ``ValueError``.
+    The plugin's settings: pooling runner, the plugin's architecture (``hf_overrides``), the
+    per-token pooling task, language model only (no vision tower), chunked prefill on, prefix
+    caching off (:data:`FIXED_SETTINGS`). Unless ``enforce_eager`` is set or ``settings`` holds a
+    ``compilation_config``, vLLM compiles the model and captures piecewise CUDA graphs at
+    :func:`prefill_capture_sizes`. A setting that contradicts the plugin (prefix caching on,
+    chunked prefill off, another runner, architecture or pooling task, a pipeline-parallel size,
+    another ``model`` than ``model_dir``, a quantization config that quantizes ``lm_head``) raises
+    :class:`PluginSettingConflict` naming the flag, instead of being overridden silently.
     """
-    from vllm.config import PoolerConfig
-
-    if extra.get("enable_prefix_caching"):
-        raise ValueError(
-            "enable_prefix_caching must stay off for Clef: the head reads every prompt token's hidden state"
+    for name, needed in FIXED_SETTINGS.items():
+        value = settings.pop(name, None)
+        if value is not None and value != needed:
+            raise PluginSettingConflict(name, value, f"it must be {needed!r} ({WHY[name]})")
+    if settings.get("pipeline_parallel_size", 1) != 1:
+        raise PluginSettingConflict(
+            "pipeline_parallel_size", settings["pipeline_parallel_size"], "pipeline parallelism is not supported; use --tensor-parallel-size"
+        )
+    model = settings.pop("model", None)
+    if model is not None and str(model) != str(model_dir):
+        raise PluginSettingConflict("model", model, f"the release folder is {str(model_dir)!r}")
+    hf_overrides = dict(settings.pop("hf_overrides", None) or {})
+    if hf_overrides.get("architectures", [ARCHITECTURE]) != [ARCHITECTURE]:
+        raise PluginSettingConflict("hf_overrides", hf_overrides, f"the architecture must be {ARCHITECTURE!r}")
+    if quantizes_lm_head(_release_quantization(model_dir, hf_overrides)):
+        raise PluginSettingConflict(
+            "hf_overrides" if "quantization_config" in hf_overrides else "model",
+            str(model_dir),
+            "its quantization config quantizes lm_head, whose rows the head reads: list 'lm_head' in its ignore list",
         )
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
-        "runner": "pooling",
-        "hf_overrides": {"architectures": [ARCHITECTURE]},
-        "pooler_config": PoolerConfig(task=POOLING_TASK),
-        "language_model_only": True,
-        "enable_prefix_caching": False,
-        "enable_chunked_prefill": True,
+        **FIXED_SETTINGS,
+        "hf_overrides": {**hf_overrides, "architectures": [ARCHITECTURE]},
+        "pooler_config": _pooler_config(settings.pop("pooler_config", None)),
         "max_model_len": max_model_len,
         "dtype": dtype,
         "enforce_eager": enforce_eager,
-        "gpu_memory_utilization": gpu_memory_utilization,
     }
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
@@ -95,21 +175,28 @@ def engine_kwargs(
         kwargs["max_num_seqs"] = max_num_seqs
     if not enforce_eager:
         kwargs["compilation_config"] = graph_compilation_config(prefill_capture_sizes(max_model_len))
-    kwargs.update(extra)
+    kwargs.update(settings)
     return kwargs
 
 
 def pooling_params(layout: RecordLayout, prompt_length: int | None = None) -> PoolingParams:
     """``PoolingParams`` carrying ``layout`` under :data:`LAYOUT_KEY`.
 
-    The layout is validated first (and against ``prompt_length`` when given), so a bad one is
-    refused here with :class:`clef_head.LayoutError` instead of reaching the engine.
+    When ``prompt_length`` is given, a layout with a span past the prompt is refused here with
+    :class:`clef_head.LayoutError` instead of reaching the engine (the engine's pooler checks every
+    field again on arrival).
     """
     from vllm import PoolingParams
 
-    wire = layout.to_wire()
-    RecordLayout.from_wire(wire, prompt_length)
-    return PoolingParams(task=POOLING_TASK, extra_kwargs={LAYOUT_KEY: wire})
+    if prompt_length is not None:
+        for question in layout.questions:
+            for start, end in (question.question_span, *question.option_spans):
+                if end > prompt_length:
+                    raise LayoutError(
+                        f"question {question.question_id!r}: span [{start}, {end}] ends past the prompt's "
+                        f"{prompt_length} tokens"
+                    )
+    return PoolingParams(task=POOLING_TASK, extra_kwargs={LAYOUT_KEY: layout.to_wire()})
 
 
 def option_logits(output: Any) -> torch.Tensor:

@@ -40,6 +40,7 @@ class MicroBatcher(Generic[T, R]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.failure: BaseException | None = None
         self.pending = 0
+        self._running: list[tuple[T, asyncio.Future[R]]] = []
 
     async def start(self) -> None:
         """Start the batching loop in the running event loop."""
@@ -55,6 +56,18 @@ class MicroBatcher(Generic[T, R]):
         elif task.exception() is not None:
             self.failure = task.exception()
             log.error("%s died: %r", self._name, self.failure)
+        self._fail_waiting(RuntimeError(f"{self._name} is not running: {self.failure!r}"))
+
+    def _fail_waiting(self, error: Exception) -> None:
+        """Fail the batch that was running and every queued request (none may wait forever)."""
+        waiting = [future for _, future in self._running]
+        self._running = []
+        if self._queue is not None:
+            while not self._queue.empty():
+                waiting.append(self._queue.get_nowait()[1])
+        for future in waiting:
+            if not future.done():
+                future.set_exception(error)
 
     @property
     def alive(self) -> bool:
@@ -95,14 +108,17 @@ class MicroBatcher(Generic[T, R]):
                 continue
             if self._on_batch is not None:
                 self._on_batch(len(live))
+            self._running = live
             try:
                 results = await loop.run_in_executor(self._executor, self._run_batch, [i for i, _ in live])
             except Exception as exc:  # the batch fails; the loop goes on with the next one
+                self._running = []
                 log.exception("%s: a batch of %d failed", self._name, len(live))
                 for _, future in live:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            self._running = []  # (kept on cancellation: _on_done fails them)
             for (_, future), result in zip(live, results):
                 if not future.done():
                     future.set_result(result)
@@ -111,9 +127,5 @@ class MicroBatcher(Generic[T, R]):
         """Stop the loop; queued and running requests fail."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        if self._queue is not None:
-            while not self._queue.empty():
-                _, future = self._queue.get_nowait()
-                if not future.done():
-                    future.set_exception(RuntimeError(f"{self._name} was stopped"))
+        self._fail_waiting(RuntimeError(f"{self._name} was stopped"))
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -24,8 +25,21 @@ import httpx
 MODEL_NAME = "clef-flash"
 
 
-def bench_request(index: int, model: str) -> dict[str, Any]:
-    """A representative System One request; the state varies with ``index``."""
+HOT_BODIES = 8
+"""Repeated requests (``--repeat-fraction``) cycle through this many distinct bodies."""
+
+
+def repeated_index(index: int, repeat_fraction: float) -> int:
+    """The body sent as call ``index``: with probability ``repeat_fraction`` (seeded by ``index``) one of
+    :data:`HOT_BODIES` repeated bodies (negative ids), else a body used once (``index``)."""
+    if random.Random(index).random() < repeat_fraction:
+        return -1 - index % HOT_BODIES
+    return index
+
+
+def bench_request(index: int, model: str, repeat_fraction: float = 0.0) -> dict[str, Any]:
+    """A representative System One request; the state varies with ``index`` (see :func:`repeated_index`)."""
+    index = repeated_index(index, repeat_fraction)
     return {
         "model": model,
         "state": {"ticket": f"Customer {index} was charged twice for plan {index % 3} and asks for a refund."},
@@ -110,24 +124,29 @@ async def http_load(
 
 async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
     """Load on the engine in this process (validation, encoding, scoring; no HTTP), one run per client count."""
-    from predictor.engines import EngineSpec, build_engine
+    from predictor.cli import DEFAULT_ANSWER_CACHE_BYTES, build_parser
+    from predictor.engines import build_engine
+    from predictor.lifecycle import Lifecycle, Phase
     from predictor.service import ModelCard, SystemOneService
 
-    engine = build_engine(
-        EngineSpec(
-            kind=args.engine,
-            model_dir=args.model_dir,
-            max_length=args.max_model_len,
-            max_batch=args.max_batch,
-            data_parallel=args.dp,
-        )
+    predictor_args = build_parser().parse_args(
+        ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
+         "--dp", str(args.dp)]
     )
+    engine = build_engine(predictor_args, args.model_dir)
     await engine.start()
-    service = SystemOneService(engine, ModelCard(args.model, "bench", "1970-01-01"))
-    service.ready = True
+    lifecycle = Lifecycle(args.model)
+    lifecycle.enter(Phase.OK)
+    service = SystemOneService(
+        engine,
+        ModelCard(args.model, "bench", "1970-01-01"),
+        lifecycle,
+        max_queued=1 << 30,
+        answer_cache_bytes=DEFAULT_ANSWER_CACHE_BYTES if args.answer_cache else 0,
+    )
 
     async def call(index: int) -> int:
-        response = await service.answer(bench_request(index, args.model))
+        response = await service.answer(bench_request(index, args.model, args.repeat_fraction))
         return int(response["usage"]["input_tokens"])
 
     runs = []
@@ -151,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=128, help="requests per run")
     parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each run")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run")
+    parser.add_argument(
+        "--repeat-fraction", type=float, default=0.0,
+        help=f"share of requests that repeat one of {HOT_BODIES} bodies (answer cache / in-flight merging)",
+    )
     direct = parser.add_argument_group("direct (no HTTP)")
     direct.add_argument("--direct", action="store_true", help="call the engine in this process instead of HTTP")
     direct.add_argument("--model-dir", type=Path, help="release folder (with --direct)")
@@ -158,23 +181,32 @@ def main(argv: list[str] | None = None) -> None:
     direct.add_argument("--max-model-len", type=int, default=1024)
     direct.add_argument("--max-batch", type=int, default=32)
     direct.add_argument("--dp", type=int, default=1)
+    direct.add_argument(
+        "--answer-cache", action=argparse.BooleanOptionalAction, default=True,
+        help="the service's answer cache (the predictor's default size); identical requests in flight merge either way",
+    )
     args = parser.parse_args(argv)
     if args.direct and args.model_dir is None:
         parser.error("--direct needs --model-dir")
+    if not 0.0 <= args.repeat_fraction <= 1.0:
+        parser.error("--repeat-fraction must be between 0 and 1")
     if args.direct:
         runs = asyncio.run(direct_load(args))
     else:
         runs = [
-            (clients, asyncio.run(http_load(args.url, clients, args.requests, args.warmup, partial(bench_request, model=args.model))))
+            (clients, asyncio.run(http_load(args.url, clients, args.requests, args.warmup, partial(bench_request, model=args.model, repeat_fraction=args.repeat_fraction))))
             for clients in args.clients
         ]
     for clients, results in runs:
-        summary = {"mode": "direct" if args.direct else "http", "clients": clients, **results.summary()}
+        summary = {
+            "mode": "direct" if args.direct else "http", "clients": clients, "repeat_fraction": args.repeat_fraction,
+            **results.summary(),
+        }
         if args.json:
             print(json.dumps(summary))
         else:
             print(
-                f"{summary['mode']:6} clients={clients:3d} requests={summary['requests']} errors={summary['errors']} "
+                f"{summary['mode']:6} repeats={args.repeat_fraction:.0%} clients={clients:3d} requests={summary['requests']} errors={summary['errors']} "
                 f"req/s={summary['requests_per_s']} tok/s={summary['tokens_per_s']} "
                 f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms"
             )

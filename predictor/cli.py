@@ -1,14 +1,15 @@
 """``python -m predictor``: serve Clef-flash with KServe's ModelServer.
 
 With no ``--model-dir`` it serves the embedded tiny demo release (RANDOM weights, said loudly).
-KServe's own flags (``--http_port``, ``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
+vLLM's engine arguments (``--tensor-parallel-size`` ...) and KServe's own flags (``--http_port``,
+``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
-import json
 import logging
 from pathlib import Path
 
@@ -16,89 +17,87 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from clef_head.checkpoint import is_random_release
+from clef_plugin.api import PluginSettingConflict
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import DTYPE_CHOICES, ENGINE_CHOICES, EngineSpec, build_engine
-from predictor.errors import ApiError, api_error_handler, validation_error_handler
+from predictor.engine_args import add_engine_args, new_parser
+from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
+from predictor.health import health_router
 from predictor.http_body import RequestBodyMiddleware
 from predictor.jev_api import add_routes
-from predictor.model import ClefModel
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown
+from predictor.memory import InsufficientMemory
+from predictor.model import ClefModel, ServingOptions
 from predictor.observe import RequestObserverMiddleware, configure_json_logs
 from predictor.service import ModelCard
+from predictor.service_errors import ServiceError
 
 log = logging.getLogger("predictor")
 
 DEFAULT_MAX_MODEL_LEN = 16384
 DEMO_MAX_MODEL_LEN = 1024
-# Every request is a prefill: a step of 16384 tokens holds ~32 prompts of 512 tokens (vLLM's own
-# offline default on large GPUs; its server default, 2048, would run them four at a time).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+DEFAULT_ANSWER_CACHE_BYTES = 16 << 20
 DESCRIPTION = (
     "Clef-flash, Cloudflare's decision model (Qwen3.5-9B backbone + joint schema head): "
     "answers noul, choice and score questions about a JSON state."
 )
 
 
-def json_object(text: str) -> dict[str, object]:
-    """A command-line value that must be a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
-    return value
+def add_kserve_args(parser: argparse.ArgumentParser) -> None:
+    """KServe's model-server flags (``--http_port`` ...), also spelt with dashes.
+
+    vLLM's parser rewrites ``--http_port`` to ``--http-port`` before parsing, so each KServe flag gets
+    its dashed spelling as well, unless the parser has it already (vLLM's ``--log-config-file``, same
+    meaning and destination). KServe's own parser is left as it is.
+    """
+    from kserve.model_server import parser as kserve_parser
+
+    group = parser.add_argument_group("KServe", "KServe's model-server flags, either spelling (--http_port, --http-port)")
+    for action in kserve_parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        spellings = [*action.option_strings, *(option.replace("_", "-") for option in action.option_strings)]
+        spellings = [option for option in spellings if option not in parser._option_string_actions]
+        dashed = copy.copy(action)
+        dashed.option_strings = list(dict.fromkeys(spellings))
+        group._add_action(dashed)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Our flags on top of KServe's model-server parser."""
-    from kserve.model_server import parser as kserve_parser
-
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor",
-        description=__doc__.split("\n\n")[0],
-        parents=[kserve_parser],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    group = parser.add_argument_group("clef")
-    group.add_argument("--model-dir", type=Path, default=None, help="release folder (default: the random demo release)")
-    group.add_argument("--model-name", dest="model_name", help="served model name (same as --model_name)")
+    """KServe's flags, vLLM's engine arguments (see predictor.engine_args) and the predictor's own."""
+    parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
+    add_engine_args(parser)
+    add_kserve_args(parser)
+    group = parser.add_argument_group("Predictor", "the predictor's own flags (python -m predictor --help=predictor)")
+    group.add_argument("--model-dir", type=Path, default=None, help="release folder; without it, the random demo release")
     group.add_argument(
-        "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM when usable, else transformers"
-    )
-    group.add_argument("--dp", type=int, default=1, help="data-parallel engines (one per GPU) behind one port")
-    group.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help=f"longest prompt in tokens (default {DEFAULT_MAX_MODEL_LEN}; {DEMO_MAX_MODEL_LEN} for the demo release)",
-    )
-    group.add_argument(
-        "--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bfloat16, but float32 for transformers on a CPU"
-    )
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's GPU memory share")
-    group.add_argument("--enforce-eager", action="store_true", help="vLLM: no CUDA graphs / torch.compile")
-    group.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        help="vLLM: prompt tokens per engine step (prefill only, so this is the batch size in tokens)",
-    )
-    group.add_argument("--max-num-seqs", type=int, default=None, help="vLLM: requests per engine step (default: vLLM's)")
-    group.add_argument(
-        "--compilation-config",
-        type=json_object,
-        default=None,
-        help="vLLM: CompilationConfig as a JSON object, e.g. '{\"cudagraph_capture_sizes\": [256, 512]}'",
+        "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM on GPUs when installed, else transformers"
     )
     group.add_argument("--max-batch", type=int, default=32, help="transformers engine: records per forward pass")
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
     group.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish in-flight requests on SIGTERM")
+    group.add_argument(
+        "--shutdown-delay", type=float, default=5.0,
+        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining",
+    )
+    group.add_argument(
+        "--max-queued-requests", type=int, default=None,
+        help="records admitted at once; more get 503 + Retry-After (default: 4 x what the engine runs at once)",
+    )
+    group.add_argument(
+        "--answer-cache-bytes", type=int, default=DEFAULT_ANSWER_CACHE_BYTES,
+        help="bytes of option logits kept for identical prompts (0: no cache; identical requests in flight are merged)",
+    )
+    group.add_argument(
+        "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
+        help=f"exit with code {ENGINE_DEAD_EXIT_CODE} when the engine dies (else serve 503 and fail liveness)",
+    )
     group.add_argument("--json-logs", action="store_true", help="one JSON line per inference request on stdout")
     group.add_argument("--description", default=None, help="model description in GET /jev/v1/models")
     group.add_argument(
-        "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models (default: config.json date)"
+        "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models; without it, config.json's date"
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
     parser.set_defaults(model_name="clef-flash")
@@ -109,16 +108,18 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Reject combinations the server cannot honour."""
     if args.workers != 1:
         parser.error("--workers must be 1: each worker would load its own engine; use --dp for more GPUs")
-    if args.dp < 1:
-        parser.error("--dp must be at least 1")
+    if args.data_parallel_size < 1:
+        parser.error("--dp (--data-parallel-size) must be at least 1")
     if args.max_model_len is not None and args.max_model_len < 64:
         parser.error("--max-model-len must be at least 64")
     if args.warmup_rounds < 1:
         parser.error("--warmup-rounds must be at least 1")
-    if args.max_num_batched_tokens < 1:
-        parser.error("--max-num-batched-tokens must be at least 1")
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        parser.error("--max-num-seqs must be at least 1")
+    if args.max_queued_requests is not None and args.max_queued_requests < 1:
+        parser.error("--max-queued-requests must be at least 1")
+    if args.answer_cache_bytes < 0:
+        parser.error("--answer-cache-bytes must be 0 (off) or more")
+    if args.shutdown_delay < 0:
+        parser.error("--shutdown-delay must be 0 or more")
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes must be at least 1024")
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -160,9 +161,12 @@ def install(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> None:
     assert model.service is not None, "load the model first"
     app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes)
     app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
+    app.add_middleware(GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay)
     app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(ServiceError, service_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    add_routes(app, model.service, model.healthy)
+    add_routes(app, model.service)
+    app.include_router(health_router(model.lifecycle), tags=["Health"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -183,28 +187,22 @@ def main(argv: list[str] | None = None) -> None:
     if random:
         for line in ("*" * 100, RANDOM_WARNING, "*" * 100):
             log.warning(line)
-    max_length = args.max_model_len or (DEMO_MAX_MODEL_LEN if args.model_dir is None else DEFAULT_MAX_MODEL_LEN)
-    spec = EngineSpec(
-        kind=args.engine,
-        model_dir=model_dir,
-        max_length=max_length,
-        data_parallel=args.dp,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        compilation_config=args.compilation_config,
-        max_batch=args.max_batch,
-        batch_wait_ms=args.batch_wait_ms,
-        dtype=args.dtype,
-    )
-    model = ClefModel(
-        model_card(args, model_dir, random),
-        lambda: build_engine(spec),
+    if args.max_model_len is None:
+        args.max_model_len = DEMO_MAX_MODEL_LEN if args.model_dir is None else DEFAULT_MAX_MODEL_LEN
+    options = ServingOptions(
         warmup_rounds=args.warmup_rounds,
         warmup_max_batch=min(16, args.max_batch),
+        max_queued=args.max_queued_requests,
+        answer_cache_bytes=args.answer_cache_bytes,
+        exit_on_engine_death=args.exit_on_engine_death,
     )
-    model.load()
+    model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
+    try:
+        model.load()
+    except PluginSettingConflict as exc:
+        parser.error(str(exc))
+    except InsufficientMemory as exc:
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
     install(app, model, args)
     server = kserve.ModelServer(
         http_port=args.http_port,

@@ -9,6 +9,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from predictor.service_errors import BadInput, ModelNotServed, ServiceError, Unavailable
+
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
 TOO_LARGE = "request_too_large"
@@ -20,12 +22,15 @@ ENGINE_ERROR = "engine_error"
 class ApiError(Exception):
     """An error answered with ``status`` and a body naming the offending field (``param``)."""
 
-    def __init__(self, status: int, error_type: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, error_type: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(f"{param}: {message}" if param else message)
         self.status = status
         self.error_type = error_type
         self.message = message
         self.param = param or None
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         """The JSON error body."""
@@ -33,7 +38,7 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         """The error as a JSON response."""
-        return JSONResponse(status_code=self.status, content=self.body())
+        return JSONResponse(status_code=self.status, content=self.body(), headers=self.headers or None)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -46,6 +51,24 @@ def join_param(prefix: str, param: str | None) -> str | None:
     if not prefix:
         return param or None
     return f"{prefix}.{param}" if param else prefix
+
+
+def from_service_error(exc: ServiceError) -> ApiError:
+    """The HTTP error for a domain error of the service (503s carry ``Retry-After``)."""
+    if isinstance(exc, BadInput):
+        return bad_request(exc.message, exc.param)
+    if isinstance(exc, ModelNotServed):
+        return ApiError(HTTPStatus.NOT_FOUND, NOT_FOUND, exc.message, exc.param)
+    if isinstance(exc, Unavailable):
+        headers = {"Retry-After": str(exc.retry_after)}
+        return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE, exc.message, exc.param, headers)
+    return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_ERROR, exc.message, exc.param)
+
+
+async def service_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    """FastAPI handler for the service's domain errors (:mod:`predictor.service_errors`)."""
+    assert isinstance(exc, ServiceError)
+    return from_service_error(exc).response()
 
 
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""The TypeSafe System One / Jev API and the health route, added to KServe's FastAPI app.
+"""The TypeSafe System One / Jev API, added to KServe's FastAPI app.
 
 ``POST /v1/systemone`` answers at the root (beside KServe's routes). The whole Jev API, with its own
 ``GET /v1/models`` list, is also mounted under ``/jev`` so that ``TypeSafeClient(base_url=".../jev")``
@@ -7,13 +7,11 @@ works unchanged while KServe's ``GET /v1/models`` keeps its KServe shape.
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from predictor.errors import UNAVAILABLE, ApiError
 from predictor.http_body import decode_json_body
 from predictor.service import SystemOneService
 
@@ -42,23 +40,9 @@ def jev_router(service: SystemOneService) -> APIRouter:
     return router
 
 
-def health_route(is_ready: Callable[[], Awaitable[bool]]) -> APIRouter:
-    """``GET /health``: 200 only when the model is warmed up and its engine is alive."""
-    router = APIRouter()
-
-    async def health() -> JSONResponse:
-        if await is_ready():
-            return JSONResponse({"status": "ready"})
-        return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE, "not ready: warming up or engine down").response()
-
-    router.add_api_route("/health", health, methods=["GET"])
-    return router
-
-
-def add_routes(app: FastAPI, service: SystemOneService, is_ready: Callable[[], Awaitable[bool]]) -> None:
-    """Add the Jev API under ``/jev``, ``POST /v1/systemone`` at the root too, and ``GET /health``."""
+def add_routes(app: FastAPI, service: SystemOneService) -> None:
+    """Add the Jev API under ``/jev`` and ``POST /v1/systemone`` at the root too."""
     app.include_router(jev_router(service), prefix=JEV_PREFIX, tags=["Jev"])
     app.add_api_route(
         "/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None, tags=["Jev"]
     )
-    app.include_router(health_route(is_ready), tags=["Health"])

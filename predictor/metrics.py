@@ -37,4 +37,16 @@ BATCH_SIZE = Histogram(
 )
 IN_FLIGHT = Gauge("clef_engine_in_flight", "Records submitted to an engine and not yet answered.", ["engine"])
 WARMUP_SECONDS = Gauge("clef_warmup_seconds", "Duration of the last warm-up, in seconds.")
-READY = Gauge("clef_ready", "1 once warm-up has finished and the engine is healthy, else 0.")
+READY = Gauge("clef_ready", "1 once warm-up has finished, the engine is alive and no shutdown has begun, else 0.")
+QUEUE_DEPTH = Gauge("clef_queue_depth", "Records admitted and not yet answered (bounded by --max-queued-requests).")
+REJECTED = Counter(
+    "clef_rejected_total",
+    "Requests refused with 503 before any work, by reason (overloaded, warming_up, draining, engine_dead).",
+    ["reason"],
+)
+ANSWER_CACHE = Counter(
+    "clef_answer_cache_total",
+    "Records by answer-cache outcome: hit (cached logits), merged (an identical prompt was in flight), miss.",
+    ["outcome"],
+)
+ANSWER_CACHE_BYTES = Gauge("clef_answer_cache_bytes", "Bytes held by the answer cache (--answer-cache-bytes bounds it).")

@@ -1,8 +1,9 @@
 """The KServe model: a thin ``kserve.Model`` over an engine, ready only after warm-up.
 
 ``load()`` builds the engine; KServe then runs ``start_engine()`` beside its HTTP server, which
-starts the engine and warms it up. Until warm-up ends, and again if the engine dies, ``healthy()``
-is False, so ``GET /v1/models/<name>``, ``/v2/models/<name>/ready`` and ``/health`` answer 503.
+starts the engine, warms it up and then watches it. The model's one state is its
+:class:`~predictor.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
+dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready`` answer 503.
 
 ``predict`` serves KServe's V1 (``{"instances": [request, ...]}`` → ``{"predictions": [...]}``) and
 V2 (requests as JSON strings in one BYTES input → responses as JSON strings in one BYTES output).
@@ -11,7 +12,9 @@ V2 (requests as JSON strings in one BYTES input → responses as JSON strings in
 from __future__ import annotations
 
 import logging
+import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
@@ -19,9 +22,10 @@ from kserve import InferOutput, InferRequest, InferResponse, Model
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor import metrics
-from predictor.engines.base import Engine, EngineDead
+from predictor.engines.base import Engine
 from predictor.errors import bad_request
 from predictor.http_body import decode_json_body
+from predictor.lifecycle import EngineWatchdog, Lifecycle, Phase
 from predictor.service import ModelCard, SystemOneService
 from predictor.warmup import run_warmup, schema_tokens, warmup_plan
 
@@ -31,80 +35,118 @@ V2_INPUT = "request"
 V2_OUTPUT = "response"
 
 
+@dataclass(frozen=True)
+class ServingOptions:
+    """How the model serves: warm-up, admission bound, answer cache, reaction to engine death."""
+
+    warmup_rounds: int = 1
+    warmup_max_batch: int = 16
+    max_queued: int | None = None
+    answer_cache_bytes: int = 0
+    exit_on_engine_death: bool = True
+
+
 class ClefModel(Model):
-    """Clef-flash as a KServe model."""
+    """Clef-flash as a KServe model; its one readiness state is :attr:`lifecycle`."""
 
     def __init__(
         self,
         card: ModelCard,
         engine_factory: Callable[[], Engine],
         limits: RequestLimits = DEFAULT_LIMITS,
-        warmup_rounds: int = 1,
-        warmup_max_batch: int = 16,
+        options: ServingOptions = ServingOptions(),
+        exit_process: Callable[[int], Any] = os._exit,
     ) -> None:
+        self.lifecycle = Lifecycle(card.name)
         super().__init__(card.name)
         self.card = card
         self.limits = limits
-        self.warmup_rounds = warmup_rounds
-        self.warmup_max_batch = warmup_max_batch
+        self.options = options
         self._engine_factory = engine_factory
+        self._exit_process = exit_process
         self.backend: Engine | None = None
         self.service: SystemOneService | None = None
-        self.failure: str | None = None
+        self.watchdog: EngineWatchdog | None = None
+
+    @property
+    def ready(self) -> bool:
+        """KServe registers a model only when this is true: the engine is built and not stopped.
+        Readiness to serve is :meth:`healthy` (warm-up finished, engine alive)."""
+        return self.backend is not None and self.lifecycle.phase is not Phase.STOPPED
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        """KServe's base class assigns ``ready``; the lifecycle decides it here."""
+
+    @property
+    def engine(self) -> bool:
+        """True once built: KServe then runs :meth:`start_engine` beside its servers."""
+        return self.backend is not None
+
+    @engine.setter
+    def engine(self, value: bool) -> None:
+        """KServe's base class assigns ``engine``; whether one exists decides it here."""
 
     def load(self) -> bool:
         """Build the engine (once). The model then waits for ``start_engine`` to warm it up."""
         if self.backend is None:
             started = time.perf_counter()
-            self.backend = self._engine_factory()
-            self.service = SystemOneService(self.backend, self.card, self.limits)
-            log.info("engine %s built in %.1fs", self.backend.kind, time.perf_counter() - started)
-        self.ready = True
-        self.engine = True  # KServe runs start_engine() beside its servers
+            backend = self._engine_factory()
+            self.watchdog = EngineWatchdog(
+                self.lifecycle,
+                backend.check_health,
+                backend.close,
+                exit_on_death=self.options.exit_on_engine_death,
+                exit_process=self._exit_process,
+            )
+            self.service = SystemOneService(
+                backend,
+                self.card,
+                self.lifecycle,
+                self.limits,
+                max_queued=self.options.max_queued,
+                answer_cache_bytes=self.options.answer_cache_bytes,
+                on_engine_failure=self.watchdog.poke,
+            )
+            self.backend = backend
+            log.info(
+                "engine %s built in %.1fs; admission queue %d records",
+                backend.kind,
+                time.perf_counter() - started,
+                self.service.max_queued,
+            )
         return self.ready
 
     def start(self) -> None:
         """Nothing to do: readiness waits for warm-up (KServe's default would mark the model ready)."""
 
     async def start_engine(self) -> None:
-        """Start the engine in the serving loop and warm it up; then the model is ready."""
-        assert self.backend is not None and self.service is not None, "load() must run first"
+        """Start the engine in the serving loop, warm it up (then ready), and watch it until it stops."""
+        assert self.backend is not None and self.watchdog is not None, "load() must run first"
+        self.lifecycle.enter(Phase.WARMING_UP)
         await self.backend.start()
-        plan = warmup_plan(self.backend.max_length, self.warmup_max_batch, schema_tokens(self.backend))
+        plan = warmup_plan(self.backend.max_length, self.options.warmup_max_batch, schema_tokens(self.backend))
         log.info(
             "warm-up started: %d shapes x %d round(s), prompts up to %d tokens; not ready until it ends",
             len(plan),
-            self.warmup_rounds,
+            self.options.warmup_rounds,
             self.backend.max_length,
         )
-        seconds = await run_warmup(self.backend, plan, self.warmup_rounds)
+        seconds = await run_warmup(self.backend, plan, self.options.warmup_rounds)
         metrics.WARMUP_SECONDS.set(seconds)
-        self.service.ready = True
-        metrics.READY.set(1)
+        self.lifecycle.enter(Phase.OK)
         log.info("warm-up finished in %.1fs: model %r is ready", seconds, self.name)
+        await self.watchdog.run()
 
     async def healthy(self) -> bool:
-        """True once warmed up and while the engine is alive (a dead engine stays dead)."""
-        if self.service is None or self.backend is None or not self.service.ready:
-            return False
-        try:
-            await self.backend.check_health()
-        except EngineDead as exc:
-            self.failure = str(exc)
-            self.service.ready = False
-            metrics.READY.set(0)
-            log.error("engine died, model %r is no longer ready: %s", self.name, exc)
-            return False
-        return True
+        """Readiness (KServe's model routes): warmed up, engine alive, no shutdown begun."""
+        return self.lifecycle.ready
 
     def stop_engine(self) -> None:
         """Close the engine (KServe calls this after the HTTP server has drained)."""
-        if self.service is not None:
-            self.service.ready = False
-        metrics.READY.set(0)
+        self.lifecycle.enter(Phase.STOPPED)
         if self.backend is not None:
             self.backend.close()
-        self.ready = False
 
     def get_input_types(self) -> list[dict[str, Any]]:
         """V2 metadata: one BYTES input of System One requests as JSON strings."""

@@ -1,23 +1,38 @@
-"""System One answering, shared by every route: validate (clef_head), check the model, encode, score."""
+"""System One answering, shared by every route: admit, validate (clef_head), encode, score, answer.
+
+Failures are domain errors (:mod:`predictor.service_errors`); the HTTP layer maps them to statuses.
+Admission is bounded (``max_queued`` records at once, beyond that :class:`Unavailable` ``overloaded``);
+identical prompts are scored once (:class:`~predictor.answer_cache.AnswerCache`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
 
 from clef_head.answers import build_response
 from clef_head.encoder import EncodedRequest, SchemaTooLong, encode_request
 from clef_head.request import DEFAULT_LIMITS, InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor import metrics
+from predictor.answer_cache import AnswerCache, cache_key
 from predictor.engines.base import Engine, EngineDead
-from predictor.errors import ENGINE_ERROR, NOT_FOUND, UNAVAILABLE, ApiError, bad_request, join_param
+from predictor.errors import join_param
+from predictor.lifecycle import Lifecycle
 from predictor.observe import record_tokens
+from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, Unavailable
 
 log = logging.getLogger(__name__)
+
+QUEUE_FACTOR = 4
+"""Default admission bound: this many times the records the engine runs at once."""
+OVERLOADED_RETRY_AFTER_S = 1
+ENGINE_DEAD_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -34,36 +49,75 @@ class ModelCard:
 
 
 class SystemOneService:
-    """Answers System One bodies with one engine; ``ready`` is set once warm-up has finished."""
+    """Answers System One bodies with one engine while the model's lifecycle says it is serving."""
 
-    def __init__(self, engine: Engine, card: ModelCard, limits: RequestLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        card: ModelCard,
+        lifecycle: Lifecycle,
+        limits: RequestLimits = DEFAULT_LIMITS,
+        max_queued: int | None = None,
+        answer_cache_bytes: int = 0,
+        on_engine_failure: Callable[[], None] = lambda: None,
+    ) -> None:
         self.engine = engine
         self.card = card
+        self.lifecycle = lifecycle
         self.limits = limits
-        self.ready = False
+        self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
+        if self.max_queued < 1:
+            raise ValueError("max_queued must be at least 1")
+        self.cache = AnswerCache(answer_cache_bytes)
+        self.queued = 0
+        self._on_engine_failure = on_engine_failure
+        metrics.QUEUE_DEPTH.set_function(lambda: self.queued)
+
+    @contextmanager
+    def admitted(self, records: int) -> Iterator[None]:
+        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`.
+
+        A request larger than the whole queue is admitted when the queue is empty.
+        """
+        try:
+            self.lifecycle.check_serving()
+        except Unavailable as exc:
+            metrics.REJECTED.labels(reason=exc.reason).inc()
+            raise
+        if self.queued and self.queued + records > self.max_queued:
+            metrics.REJECTED.labels(reason="overloaded").inc()
+            raise Unavailable(
+                f"the server is at capacity ({self.queued} records queued, --max-queued-requests "
+                f"{self.max_queued}); retry shortly",
+                "overloaded",
+                OVERLOADED_RETRY_AFTER_S,
+            )
+        self.queued += records
+        try:
+            yield
+        finally:
+            self.queued -= records
 
     def validate(self, body: Any, prefix: str = "") -> SystemOneRequest:
-        """A validated request, or a 400 (404 for another model's name) naming the field under ``prefix``."""
+        """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
         try:
             request = parse_request(body, self.limits)
         except InvalidRequest as exc:
-            raise bad_request(exc.message, join_param(prefix, exc.param)) from None
+            raise BadInput(exc.message, join_param(prefix, exc.param)) from None
         if request.model != self.card.name:
-            raise ApiError(
-                HTTPStatus.NOT_FOUND,
-                NOT_FOUND,
+            raise ModelNotServed(
                 f"model {request.model!r} is not served here; this server serves {self.card.name!r}",
                 join_param(prefix, "model"),
             )
         return request
 
     def encode(self, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
-        """The prompt, or a 400 with the token counts when the schema alone exceeds the maximum length."""
+        """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum."""
         started = time.perf_counter()
         try:
             encoded = encode_request(self.engine.tokenizer, request, max_length=self.engine.max_length)
         except SchemaTooLong as exc:
-            raise bad_request(
+            raise BadInput(
                 f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
                 f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
                 join_param(prefix, "questions"),
@@ -71,32 +125,37 @@ class SystemOneService:
         metrics.STAGE_SECONDS.labels(stage="encode").observe(time.perf_counter() - started)
         return encoded
 
-    def check_ready(self) -> None:
-        """503 until warm-up has finished."""
-        if not self.ready:
-            raise ApiError(
-                HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE, f"model {self.card.name!r} is warming up; retry shortly"
-            )
-
-    async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
-        """The response body of one validated, encoded request."""
+    async def _engine_score(self, encoded: EncodedRequest) -> torch.Tensor:
         started = time.perf_counter()
         try:
             logits = await self.engine.score(encoded)
         except EngineDead as exc:
-            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE, f"the engine is not running: {exc}") from exc
+            self._on_engine_failure()
+            raise Unavailable(f"the engine is not running: {exc}", "engine_dead", ENGINE_DEAD_RETRY_AFTER_S) from exc
         except Exception as exc:
+            self._on_engine_failure()
+            try:
+                await self.engine.check_health()
+            except EngineDead as dead:
+                raise Unavailable(
+                    f"the engine is not running: {dead}", "engine_dead", ENGINE_DEAD_RETRY_AFTER_S
+                ) from exc
             log.exception("engine failure")
-            raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_ERROR, f"the engine failed: {exc!r}") from exc
-        scored = time.perf_counter()
-        metrics.STAGE_SECONDS.labels(stage="engine").observe(scored - started)
+            raise EngineFailed(f"the engine failed: {exc!r}") from exc
+        metrics.STAGE_SECONDS.labels(stage="engine").observe(time.perf_counter() - started)
+        return logits
+
+    async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
+        """The response body of one validated, encoded request (identical prompts scored once)."""
+        logits = await self.cache.score(cache_key(encoded), lambda: self._engine_score(encoded))
+        answered = time.perf_counter()
         tokens = len(encoded.input_ids)
         metrics.RECORDS.inc()
         metrics.INPUT_TOKENS.inc(tokens)
         metrics.PROMPT_TOKENS.observe(tokens)
         record_tokens(tokens)
         response = build_response(request, encoded.layout, logits, tokens, model_name=self.card.name)
-        metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - scored)
+        metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - answered)
         return response
 
     async def answer(self, body: Any) -> dict[str, Any]:
@@ -105,9 +164,9 @@ class SystemOneService:
 
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
         """Responses for several bodies; all are validated and encoded before any is scored."""
-        self.check_ready()
-        requests = [self.validate(body, prefix) for body, prefix in zip(bodies, prefixes)]
-        encoded = await asyncio.to_thread(
-            lambda: [self.encode(request, prefix) for request, prefix in zip(requests, prefixes)]
-        )
-        return list(await asyncio.gather(*(self.score(r, e) for r, e in zip(requests, encoded))))
+        with self.admitted(len(bodies)):
+            requests = [self.validate(body, prefix) for body, prefix in zip(bodies, prefixes)]
+            encoded = await asyncio.to_thread(
+                lambda: [self.encode(request, prefix) for request, prefix in zip(requests, prefixes)]
+            )
+            return list(await asyncio.gather(*(self.score(r, e) for r, e in zip(requests, encoded))))

@@ -2,49 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.metadata
+import argparse
 import importlib.util
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from predictor.engines.base import Engine, EngineDead
+from predictor.memory import check_transformers_memory, check_vllm_cpu_memory
 
 log = logging.getLogger(__name__)
 
 ENGINE_CHOICES = ("auto", "vllm", "transformers")
-DTYPE_CHOICES = ("auto", "bfloat16", "float32")
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32, "float": torch.float32}
 
-__all__ = ["DTYPE_CHOICES", "ENGINE_CHOICES", "Engine", "EngineDead", "EngineSpec", "build_engine", "choose_engine"]
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What to build: the engine kind and its settings (from the command line)."""
-
-    kind: str
-    model_dir: Path
-    max_length: int
-    data_parallel: int = 1
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    compilation_config: dict[str, Any] | None = None
-    max_batch: int = 32
-    batch_wait_ms: float = 5.0
-    dtype: str = "auto"
-
-
-def _vllm_cpu_installed() -> bool:
-    try:
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+__all__ = ["ENGINE_CHOICES", "Engine", "EngineDead", "build_engine", "choose_engine"]
 
 
 def _plugin_ready() -> bool:
@@ -53,41 +26,56 @@ def _plugin_ready() -> bool:
     return all(hasattr(clef_plugin, name) for name in ("engine_kwargs", "pooling_params", "option_logits"))
 
 
-def choose_engine(requested: str) -> tuple[str, str]:
-    """The engine to build for ``requested`` and why (``auto``: vLLM when it and a device for it exist)."""
+def choose_engine(
+    requested: str, vllm_available: bool | None = None, gpu_count: int | None = None
+) -> tuple[str, str]:
+    """The engine to build for ``requested`` and why.
+
+    ``auto`` is vLLM when vLLM (with the clef plugin) is installed and a GPU is visible, else the
+    transformers engine: on a CPU, vLLM's engine reserves a share of the machine's memory
+    (``--gpu-memory-utilization``) and starts in tens of seconds, while the transformers engine needs
+    the weights and one batch's activations. ``vllm_available`` and ``gpu_count`` default to what
+    this machine has.
+    """
     if requested not in ENGINE_CHOICES:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, got {requested!r}")
     if requested != "auto":
         return requested, f"--engine {requested} was requested"
-    if importlib.util.find_spec("vllm") is None:
-        return "transformers", "vLLM is not installed"
-    if not _plugin_ready():
-        return "transformers", "the clef vLLM plugin does not provide engine_kwargs/pooling_params/option_logits"
-    if torch.cuda.is_available():
-        return "vllm", f"vLLM is installed and {torch.cuda.device_count()} GPU(s) are visible"
-    if _vllm_cpu_installed():
-        return "vllm", "vLLM's CPU build (vllm-cpu) is installed and no GPU is visible"
-    return "transformers", "vLLM is installed but no GPU is visible and it is not the CPU build"
+    if vllm_available is None:
+        vllm_available = importlib.util.find_spec("vllm") is not None and _plugin_ready()
+    if gpu_count is None:
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not vllm_available:
+        return "transformers", "vLLM (with the clef plugin) is not installed"
+    if gpu_count:
+        return "vllm", f"vLLM is installed and {gpu_count} GPU(s) are visible"
+    return "transformers", "no GPU is visible (use --engine vllm for vLLM's CPU build)"
 
 
-def _build_transformers(spec: EngineSpec) -> Engine:
+def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
+    """``--dp`` transformers engines (one per GPU, or all on the CPU) from the parsed command line."""
     from predictor.engines.pool import EnginePool
     from predictor.engines.transformers import TransformersEngine
 
     gpus = torch.cuda.device_count()
-    if gpus and spec.data_parallel > gpus:
-        raise ValueError(f"--dp {spec.data_parallel} needs {spec.data_parallel} GPUs, {gpus} are visible")
-    devices = [f"cuda:{i}" if gpus else "cpu" for i in range(spec.data_parallel)]
+    count = args.data_parallel_size
+    if gpus and count > gpus:
+        raise ValueError(f"--dp {count} needs {count} GPUs, {gpus} are visible")
+    devices = [f"cuda:{i}" if gpus else "cpu" for i in range(count)]
+    if args.dtype not in ("auto", *TORCH_DTYPES):
+        raise ValueError(f"--dtype {args.dtype} is not supported by the transformers engine")
     # auto: BF16 on GPUs; FP32 on CPUs, where BF16 matmuls are slow and batched results drift more.
-    dtype = torch.bfloat16 if spec.dtype == "bfloat16" or (spec.dtype == "auto" and gpus) else torch.float32
+    dtype = TORCH_DTYPES.get(args.dtype, torch.bfloat16 if gpus else torch.float32)
+    if not gpus:
+        check_transformers_memory(model_dir, dtype.itemsize, count)
     engines: list[Engine] = [
         TransformersEngine(
-            spec.model_dir,
-            max_length=spec.max_length,
+            model_dir,
+            max_length=args.max_model_len,
             device=device,
             dtype=dtype,
-            max_batch=spec.max_batch,
-            max_wait_s=spec.batch_wait_ms / 1000,
+            max_batch=args.max_batch,
+            max_wait_s=args.batch_wait_ms / 1000,
             label=f"transformers-{index}",
         )
         for index, device in enumerate(devices)
@@ -95,26 +83,22 @@ def _build_transformers(spec: EngineSpec) -> Engine:
     return engines[0] if len(engines) == 1 else EnginePool(engines)
 
 
-def _build_vllm(spec: EngineSpec) -> Engine:
-    from predictor.engines.vllm import VllmEngine
+def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
+    """The engine ``--engine`` names (``auto`` resolved by :func:`choose_engine`, logged).
 
-    return VllmEngine(
-        spec.model_dir,
-        max_length=spec.max_length,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        data_parallel_size=spec.data_parallel,
-        enforce_eager=spec.enforce_eager or not torch.cuda.is_available(),
-        dtype="bfloat16" if spec.dtype == "auto" else spec.dtype,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_num_seqs=spec.max_num_seqs,
-        compilation_config=spec.compilation_config,
-    )
-
-
-def build_engine(spec: EngineSpec) -> Engine:
-    """Build the engine ``spec`` names (``auto`` resolved by :func:`choose_engine`, logged)."""
-    kind, reason = choose_engine(spec.kind)
-    log.info("engine: %s (%s), data parallel %d", kind, reason, spec.data_parallel)
+    vLLM's engine arguments come from the command line with the plugin's settings laid over them
+    (:func:`predictor.engine_args.vllm_engine_args`). On a CPU, free memory is checked first
+    (:class:`predictor.memory.InsufficientMemory` names the flag to change).
+    """
+    kind, reason = choose_engine(args.engine)
+    log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
     if kind == "vllm":
-        return _build_vllm(spec)
-    return _build_transformers(spec)
+        from predictor.engine_args import vllm_engine_args
+        from predictor.engines.vllm import VllmEngine
+
+        on_gpu = torch.cuda.is_available()
+        engine_args = vllm_engine_args(args, model_dir, on_gpu=on_gpu)
+        if not on_gpu:
+            check_vllm_cpu_memory(engine_args.gpu_memory_utilization, engine_args.kv_cache_memory_bytes)
+        return VllmEngine(engine_args)
+    return build_transformers(args, model_dir)

@@ -46,6 +46,11 @@ class Engine(ABC):
         """Release the engine's resources; pending requests fail."""
 
     @property
+    @abstractmethod
+    def capacity(self) -> int:
+        """Records the engine runs at once (sizes the default admission queue)."""
+
+    @property
     def in_flight(self) -> int:
         """Records submitted and not yet answered (used to spread load over data-parallel engines)."""
         return 0

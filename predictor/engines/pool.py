@@ -32,6 +32,11 @@ class EnginePool(Engine):
         """The longest prompt every engine accepts."""
         return min(engine.max_length for engine in self.engines)
 
+    @property
+    def capacity(self) -> int:
+        """Records all engines run at once."""
+        return sum(engine.capacity for engine in self.engines)
+
     async def start(self) -> None:
         """Start every engine."""
         for engine in self.engines:

@@ -57,6 +57,11 @@ class TransformersEngine(Engine):
         """Longest prompt in tokens."""
         return self.scorer.max_length
 
+    @property
+    def capacity(self) -> int:
+        """Records per forward pass."""
+        return self._batcher.max_batch
+
     def _score_batch(self, batch: Sequence[EncodedRequest]) -> list[torch.Tensor]:
         return self.scorer.score(batch)
 
@@ -69,6 +74,10 @@ class TransformersEngine(Engine):
         self._in_flight.inc()
         try:
             return await self._batcher.submit(encoded)
+        except Exception as exc:
+            if not self._batcher.alive:
+                raise EngineDead(f"{self.label}: the batching loop is not running ({exc})") from exc
+            raise
         finally:
             self._in_flight.dec()
 

@@ -8,57 +8,33 @@ parallelism (N engine cores, one per GPU, balanced by vLLM).
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from clef_head.encoder import EncodedRequest
 from predictor import metrics
 from predictor.engines.base import Engine, EngineDead
 
+if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
+
 
 class VllmEngine(Engine):
-    """An ``AsyncLLM`` built from ``clef_plugin.engine_kwargs``."""
+    """An ``AsyncLLM`` built from engine arguments that carry the plugin's settings (``clef_plugin.engine_kwargs``)."""
 
     kind = "vllm"
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        max_length: int,
-        gpu_memory_utilization: float = 0.9,
-        data_parallel_size: int = 1,
-        enforce_eager: bool = False,
-        dtype: str = "bfloat16",
-        max_num_seqs: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        compilation_config: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, engine_args: AsyncEngineArgs) -> None:
         import clef_plugin
         from transformers import AutoTokenizer
-        from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._plugin = clef_plugin
-        self._max_length = max_length
-        self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        extra: dict[str, Any] = {}
-        if data_parallel_size > 1:
-            extra["data_parallel_size"] = data_parallel_size
-        if compilation_config:
-            extra["compilation_config"] = compilation_config
-        kwargs = clef_plugin.engine_kwargs(
-            str(model_dir),
-            max_model_len=max_length,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            **extra,
-        )
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._max_length = int(engine_args.max_model_len)
+        self._tokenizer = AutoTokenizer.from_pretrained(str(engine_args.model))
+        self.llm = AsyncLLM.from_engine_args(engine_args)
         self._pending = 0
         self._in_flight = metrics.IN_FLIGHT.labels(engine="vllm")
 
@@ -66,6 +42,12 @@ class VllmEngine(Engine):
     def tokenizer(self) -> Any:
         """The release's tokenizer."""
         return self._tokenizer
+
+    @property
+    def capacity(self) -> int:
+        """Requests per engine step (``--max-num-seqs``) times the data-parallel engine cores."""
+        config = self.llm.vllm_config
+        return int(config.scheduler_config.max_num_seqs) * int(config.parallel_config.data_parallel_size)
 
     @property
     def max_length(self) -> int:
@@ -83,12 +65,14 @@ class VllmEngine(Engine):
                 {"prompt_token_ids": list(encoded.input_ids)}, params, request_id=uuid.uuid4().hex
             ):
                 final = output
+        except EngineDeadError as exc:
+            raise EngineDead(f"the vLLM engine core died: {exc}") from exc
         finally:
             self._pending -= 1
             self._in_flight.dec()
         if final is None:
             raise EngineDead("vLLM returned no output for a request")
-        return self._plugin.option_logits(final).float().cpu()
+        return self._plugin.option_logits(final)
 
     async def check_health(self) -> None:
         """vLLM's own health check (engine core process and output handler)."""

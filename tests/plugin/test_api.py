@@ -84,10 +84,43 @@ def test_engine_kwargs_compilation() -> None:
     assert clef_plugin.engine_kwargs("/models/clef", compilation_config=own)["compilation_config"] is own
 
 
-def test_engine_kwargs_refuses_prefix_caching() -> None:
-    """Asking for prefix caching is an error with a reason."""
-    with pytest.raises(ValueError, match="enable_prefix_caching must stay off"):
-        clef_plugin.engine_kwargs("/models/clef", enable_prefix_caching=True)
+@pytest.mark.parametrize(
+    "setting, flag",
+    [
+        ({"enable_prefix_caching": True}, "--enable-prefix-caching"),
+        ({"enable_chunked_prefill": False}, "--enable-chunked-prefill"),
+        ({"pipeline_parallel_size": 2}, "--pipeline-parallel-size"),
+        ({"runner": "generate"}, "--runner"),
+        ({"language_model_only": False}, "--language-model-only"),
+        ({"hf_overrides": {"architectures": ["Qwen3_5ForConditionalGeneration"]}}, "--hf-overrides"),
+        ({"pooler_config": {"task": "embed"}}, "--pooler-config"),
+        ({"model": "/models/other"}, "--model"),
+    ],
+)
+def test_engine_kwargs_refuses_contradictions(setting: dict, flag: str) -> None:
+    """A setting the plugin cannot honour is an error naming the flag, never silently overridden."""
+    with pytest.raises(clef_plugin.api.PluginSettingConflict, match=f"^{flag} .* contradicts the clef plugin"):
+        clef_plugin.engine_kwargs("/models/clef", **setting)
+
+
+def test_engine_kwargs_keeps_compatible_settings() -> None:
+    """Settings that agree with the plugin's are accepted; other hf_overrides keys are kept."""
+    kwargs = clef_plugin.engine_kwargs(
+        "/models/clef", enable_prefix_caching=False, runner="pooling", hf_overrides={"max_window_layers": 4}
+    )
+    assert kwargs["hf_overrides"] == {"max_window_layers": 4, "architectures": [clef_plugin.ARCHITECTURE]}
+
+
+def test_quantizes_lm_head() -> None:
+    """compressed-tensors configs quantize lm_head unless their ignore list names it; GPTQ style says so."""
+    from clef_plugin.api import quantizes_lm_head
+
+    assert not quantizes_lm_head(None)
+    assert quantizes_lm_head({"quant_method": "compressed-tensors", "ignore": []})
+    assert not quantizes_lm_head({"quant_method": "compressed-tensors", "ignore": ["re:.*lm_head"]})
+    assert not quantizes_lm_head({"quant_method": "compressed-tensors", "ignore": ["lm_head"]})
+    assert quantizes_lm_head({"quant_method": "gptq", "lm_head": True})
+    assert not quantizes_lm_head({"quant_method": "fp8"})
 
 
 def test_pooling_params_carry_the_layout() -> None:

@@ -1,4 +1,5 @@
-"""The demo release (no --model-dir), --dp 2 on the CPU, and SIGTERM draining in-flight requests."""
+"""The demo release (no --model-dir), --dp 2 on the CPU, and SIGTERM: readiness drops, new requests get 503,
+in-flight requests finish."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -
         "--max-batch", "4",
         "--demo-cache-dir", str(tmp / "cache"),
         "--drain-timeout", "120",
+        "--shutdown-delay", "10",
     )
     yield running
     stop(running)
@@ -55,9 +57,9 @@ def test_data_parallel_engines_share_the_load(demo_server: Predictor) -> None:
         assert float(line.split()[-1]) > 0, engine
 
 
-def _in_flight(server: Predictor) -> float:
+def _queued(server: Predictor) -> float:
     metrics = httpx.get(f"{server.url}/metrics").text
-    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("clef_engine_in_flight{"))
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("clef_queue_depth "))
 
 
 def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
@@ -65,13 +67,26 @@ def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(httpx.post, f"{demo_server.url}/v1/systemone", json=body, timeout=600) for body in bodies]
         deadline = time.monotonic() + 60
-        while _in_flight(demo_server) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _in_flight(demo_server) >= 1, "no request reached the engines"
+        admitted = 0.0
+        while admitted < 1 and time.monotonic() < deadline:
+            admitted = _queued(demo_server)
+        assert admitted >= 1, "no request was admitted"
         demo_server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        # the shutdown delay: readiness fails and new requests are refused with 503 + Retry-After, in flight go on
+        assert httpx.get(f"{demo_server.url}/v1/models/{MODEL_NAME}", timeout=30).status_code == 503
+        assert httpx.get(f"{demo_server.url}/health", timeout=30).json() == {"status": "draining"}
+        assert httpx.get(f"{demo_server.url}/health/live", timeout=30).status_code == 200
+        refused = httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(), timeout=30)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert refused.json()["error"]["type"] == "service_unavailable"
         responses = [future.result() for future in futures]
-    assert [response.status_code for response in responses] == [200] * 8
-    assert all(json.loads(response.text)["answers"] for response in responses)
+    # requests admitted before SIGTERM finish; those that arrived after it were refused with 503 + Retry-After
+    answered = [response for response in responses if response.status_code == 200]
+    assert len(answered) >= admitted and all(json.loads(response.text)["answers"] for response in answered)
+    assert all(
+        response.status_code == 503 and response.headers["retry-after"] for response in responses if response.status_code != 200
+    )
     assert demo_server.process.wait(120) == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{demo_server.url}/health", timeout=5)

@@ -36,6 +36,7 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         "--engine", "transformers",
         "--max-model-len", str(MAX_MODEL_LEN),
         "--max-batch", "8",
+        "--max-queued-requests", "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
         "--max-body-bytes", str(MAX_BODY_BYTES),
         "--json-logs",
     )
@@ -331,3 +332,15 @@ def test_metrics_and_json_request_logs(server: Predictor, client: httpx.Client) 
     assert mine[0]["status"] == 200 and mine[0]["latency_ms"] > 0
     assert mine[0]["input_tokens"] == response.json()["usage"]["input_tokens"]
     assert {line["status"] for line in lines} >= {200, 400, 404, 413}
+
+
+def test_health_and_liveness(client: httpx.Client) -> None:
+    from clef_contract.predictor import LIVENESS_PATH
+
+    from predictor.health import LIVENESS_PATH as PREDICTOR_LIVENESS_PATH
+
+    assert PREDICTOR_LIVENESS_PATH == LIVENESS_PATH
+    live = client.get(LIVENESS_PATH)
+    assert live.status_code == 200 and live.json() == {"status": "alive"}
+    health = client.get("/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
@@ -69,10 +71,18 @@ def test_format_param() -> None:
 def test_choose_engine_honours_an_explicit_choice() -> None:
     assert choose_engine("transformers")[0] == "transformers"
     assert choose_engine("vllm")[0] == "vllm"
-    kind, reason = choose_engine("auto")
-    assert kind in ("vllm", "transformers") and reason
     with pytest.raises(ValueError):
         choose_engine("tensorrt")
+
+
+@pytest.mark.parametrize(
+    "vllm_available, gpu_count, expected",
+    [(True, 1, "vllm"), (True, 8, "vllm"), (True, 0, "transformers"), (False, 2, "transformers"), (False, 0, "transformers")],
+)
+def test_choose_engine_auto_picks_vllm_only_with_a_gpu(vllm_available: bool, gpu_count: int, expected: str) -> None:
+    kind, reason = choose_engine("auto", vllm_available=vllm_available, gpu_count=gpu_count)
+    assert kind == expected, reason
+    assert ("GPU" in reason) if vllm_available else ("not installed" in reason)
 
 
 def test_micro_batcher_gathers_concurrent_requests() -> None:
@@ -127,26 +137,137 @@ def test_pool_picks_the_least_loaded_engine_round_robin_among_equals() -> None:
     assert {id(pick) for pick in picks} == {id(engines[1]), id(engines[2])}
 
 
-def test_vllm_flags_and_their_checks(capsys: pytest.CaptureFixture[str]) -> None:
-    """Batch size in tokens defaults to 16384; --compilation-config must be a JSON object."""
-    from predictor.cli import DEFAULT_MAX_NUM_BATCHED_TOKENS, build_parser, check_args
+def test_vllm_owns_its_engine_arguments() -> None:
+    """vLLM's own flags reach the engine's arguments; the plugin's settings are laid over them."""
+    pytest.importorskip("vllm")
+    import clef_plugin
+    from predictor.cli import build_parser
+    from predictor.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, vllm_engine_args
 
     parser = build_parser()
-    args = parser.parse_args(["--compilation-config", '{"cudagraph_mode": "NONE"}', "--max-num-seqs", "64"])
-    assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 16384
-    assert args.compilation_config == {"cudagraph_mode": "NONE"} and args.max_num_seqs == 64
+    args = parser.parse_args(["--tensor-parallel-size", "2", "--max-num-seqs", "64", "--max-model-len", "2048", "--http_port", "9000"])
+    assert args.http_port == 9000
+    engine_args = vllm_engine_args(args, Path("/models/clef"), on_gpu=True)
+    assert engine_args.tensor_parallel_size == 2 and engine_args.max_num_seqs == 64
+    assert engine_args.max_model_len == 2048
+    assert engine_args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 16384
+    assert engine_args.model == "/models/clef" and engine_args.runner == "pooling"
+    assert engine_args.hf_overrides == {"architectures": [clef_plugin.ARCHITECTURE]}
+    assert engine_args.pooler_config.task == clef_plugin.POOLING_TASK
+    assert engine_args.enable_prefix_caching is False and engine_args.enable_chunked_prefill is True
+    assert engine_args.language_model_only is True and engine_args.dtype == "bfloat16"
+    assert engine_args.enforce_eager is False
+    assert vllm_engine_args(parser.parse_args(["--dp", "3"]), Path("/m"), on_gpu=False).data_parallel_size == 3
+    assert vllm_engine_args(parser.parse_args([]), Path("/m"), on_gpu=False).enforce_eager is True
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--enable-prefix-caching"], "--enable-prefix-caching"),
+        (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size"),
+        (["--no-enable-chunked-prefill"], "--enable-chunked-prefill"),
+        (["--runner", "generate"], "--runner"),
+        (["--model", "/elsewhere"], "--model"),
+    ],
+)
+def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str], flag: str) -> None:
+    pytest.importorskip("vllm")
+    from clef_plugin.api import PluginSettingConflict
+    from predictor.cli import build_parser
+    from predictor.engine_args import vllm_engine_args
+
+    with pytest.raises(PluginSettingConflict) as caught:
+        vllm_engine_args(build_parser().parse_args(argv), Path("/models/clef"), on_gpu=True)
+    message = str(caught.value)
+    assert message.startswith(flag) and "contradicts the clef plugin" in message and "\n" not in message
+
+
+def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from clef_plugin.api import PluginSettingConflict
+    from predictor.cli import build_parser
+    from predictor.engine_args import vllm_engine_args
+
+    quantized = {"quant_method": "compressed-tensors", "ignore": ["re:.*visual.*"]}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantized}))
+    with pytest.raises(PluginSettingConflict, match="quantizes lm_head"):
+        vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True)
+    quantized["ignore"].append("re:.*lm_head")
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantized}))
+    assert vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True).model == str(tmp_path)
+
+
+def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor.cli import build_parser, check_args
+
+    parser = build_parser()
     for argv, message in (
-        (["--compilation-config", "[1, 2]"], "expected a JSON object, got list"),
-        (["--compilation-config", "{nope"], "not JSON"),
-    ):
-        with pytest.raises(SystemExit):
-            parser.parse_args(argv)
-        err = capsys.readouterr().err
-        assert "--compilation-config" in err and message in err, err
-    for argv, message in (
-        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1"),
-        (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+        (["--dp", "0"], "--dp (--data-parallel-size) must be at least 1"),
+        (["--max-model-len", "32"], "--max-model-len must be at least 64"),
+        (["--warmup-rounds", "0"], "--warmup-rounds must be at least 1"),
     ):
         with pytest.raises(SystemExit):
             check_args(parser, parser.parse_args(argv))
         assert message in capsys.readouterr().err
+
+
+def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from predictor.memory import InsufficientMemory, check_transformers_memory, check_vllm_cpu_memory, release_parameters
+
+    parameters = release_parameters(tiny_release)
+    assert parameters > 0
+    check_transformers_memory(tiny_release, 4, 2, available=parameters * 4 * 2 * 2)
+    with pytest.raises(InsufficientMemory, match="lower --dp or pass --dtype bfloat16"):
+        check_transformers_memory(tiny_release, 4, 2, available=parameters * 4)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with pytest.raises(InsufficientMemory, match="--kv-cache-memory-bytes .* or lower --gpu-memory-utilization"):
+        check_vllm_cpu_memory(0.9, None, available=1 << 20)
+    check_vllm_cpu_memory(0.9, 1 << 30, available=1 << 20)  # an explicit cache size is vLLM's to check
+
+
+def test_a_stopped_micro_batcher_fails_running_and_queued_requests() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def run(batch: Sequence[int]) -> list[int]:
+        release.wait(10)
+        return list(batch)
+
+    async def scenario() -> list[Any]:
+        batcher: MicroBatcher[int, int] = MicroBatcher(run, max_batch=1, max_wait_s=0)
+        await batcher.start()
+        calls = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
+        await asyncio.sleep(0.2)  # the first runs, the others wait
+        batcher.close()
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        release.set()
+        return results
+
+    results = asyncio.run(scenario())
+    assert all(isinstance(result, RuntimeError) for result in results), results
+
+
+def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import predictor.engine_args
+    from predictor.cli import build_parser
+
+    monkeypatch.setattr(predictor.engine_args, "vllm_installed", lambda: False)
+    parser = build_parser()
+    args = parser.parse_args(["--dp", "2", "--max-model-len", "512", "--dtype", "float32", "--http_port", "9000"])
+    assert (args.data_parallel_size, args.max_model_len, args.dtype, args.http_port) == (2, 512, "float32", 9000)
+    assert parser.parse_args(["--data-parallel-size", "3"]).data_parallel_size == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tensor-parallel-size", "2"])
+
+
+def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
+    from predictor.bench import HOT_BODIES, bench_request
+
+    def distinct(fraction: float) -> int:
+        return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})
+
+    assert distinct(0.0) == 400 and distinct(1.0) == HOT_BODIES
+    assert 150 < distinct(0.5) < 250
+    assert bench_request(7, "m", 0.5) == bench_request(7, "m", 0.5)

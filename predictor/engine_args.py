@@ -1,0 +1,98 @@
+"""The engines' command-line arguments: vLLM's own engine arguments, or a few of them without vLLM.
+
+With vLLM installed the parser is vLLM's ``FlexibleArgumentParser`` with every flag of
+``AsyncEngineArgs.add_cli_args`` (``--tensor-parallel-size``, ``--kv-cache-memory-bytes``,
+``--quantization`` ...); :func:`vllm_engine_args` builds them with ``AsyncEngineArgs.from_cli_args``
+and lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
+contradictions). Without vLLM (a transformers-only install) only the flags the transformers engine
+reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``, ``--dtype``.
+``--dp`` is an alias of ``--data-parallel-size`` either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+"""Every request is a prefill: a step of 16384 tokens holds ~32 prompts of 512 tokens (vLLM's own
+offline default on large GPUs; its server default, 2048, would run them four at a time)."""
+DTYPES_WITHOUT_VLLM = ("auto", "bfloat16", "float16", "float32")
+
+
+def vllm_installed() -> bool:
+    """True when vLLM can be imported."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def new_parser(**kwargs: Any) -> argparse.ArgumentParser:
+    """vLLM's ``FlexibleArgumentParser`` when vLLM is installed (its dict flags need it), else argparse's."""
+    if vllm_installed():
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        return FlexibleArgumentParser(**kwargs)
+    return argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's engine arguments (or the transformers engine's few), ``--dp``, and the predictor's defaults."""
+    if vllm_installed():
+        from vllm import AsyncEngineArgs
+
+        AsyncEngineArgs.add_cli_args(parser)
+        group = parser.add_argument_group("Engine aliases", "short spellings the operator passes")
+        # SUPPRESS: the alias sets no default of its own, so --data-parallel-size's stays in force.
+        group.add_argument(
+            "--dp", dest="data_parallel_size", type=int, default=argparse.SUPPRESS, help="same as --data-parallel-size"
+        )
+        parser.set_defaults(max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        return
+    group = parser.add_argument_group("engine (vLLM is not installed: the transformers engine's flags only)")
+    group.add_argument(
+        "--data-parallel-size", "--dp", "-dp", dest="data_parallel_size", type=int, default=1,
+        help="data-parallel engines (one per GPU, or N on the CPU) behind one port",
+    )
+    group.add_argument("--max-model-len", type=int, default=None, help="longest prompt in tokens")
+    group.add_argument(
+        "--dtype", choices=DTYPES_WITHOUT_VLLM, default="auto", help="auto: bfloat16 on GPUs, float32 on a CPU"
+    )
+
+
+def changed_engine_args(engine_args: AsyncEngineArgs) -> dict[str, Any]:
+    """The engine arguments whose value differs from vLLM's own default (set on the command line or by us)."""
+    changed = {}
+    for field in dataclasses.fields(engine_args):
+        if not field.init:
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(engine_args, field.name)
+        if value != default:
+            changed[field.name] = value
+    return changed
+
+
+def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) -> AsyncEngineArgs:
+    """vLLM's ``AsyncEngineArgs`` from the command line, with the plugin's settings laid over them.
+
+    On a CPU the engine runs eager unless asked otherwise (torch.compile costs about a minute there
+    and gains nothing). Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
+    """
+    import clef_plugin
+    from vllm import AsyncEngineArgs
+
+    parsed = AsyncEngineArgs.from_cli_args(args)
+    given = changed_engine_args(parsed)
+    if not on_gpu:
+        given.setdefault("enforce_eager", True)
+    return dataclasses.replace(parsed, **clef_plugin.engine_kwargs(model_dir, **given))

@@ -1,0 +1,275 @@
+"""The service's admission queue, answer cache and merging, the lifecycle, engine death and SIGTERM,
+with a fake engine (no model, no server)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("kserve")
+
+from clef_head.encoder import EncodedRequest  # noqa: E402
+from predictor.engines.base import Engine, EngineDead  # noqa: E402
+from predictor.errors import from_service_error  # noqa: E402
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecycle, Phase  # noqa: E402
+from predictor.model import ClefModel, ServingOptions  # noqa: E402
+from predictor.service import ModelCard, SystemOneService  # noqa: E402
+from predictor.service_errors import Unavailable  # noqa: E402
+from tests.predictor.conftest import MODEL_NAME, simple_request  # noqa: E402
+
+CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
+
+
+class FakeEngine(Engine):
+    """Logits derived from the prompt (so different prompts differ); ``gate`` holds every call."""
+
+    kind = "fake"
+
+    def __init__(self, tokenizer: Any, capacity: int = 2) -> None:
+        self._tokenizer = tokenizer
+        self._capacity = capacity
+        self.calls = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.dead: str | None = None
+        self.closed = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_length(self) -> int:
+        return 512
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    async def score(self, encoded: EncodedRequest) -> torch.Tensor:
+        self.calls += 1
+        await self.gate.wait()
+        if self.dead:
+            raise EngineDead(self.dead)
+        seed = sum(encoded.input_ids) % 1000
+        return torch.arange(encoded.layout.option_count, dtype=torch.float32) * (seed + 1) * 0.001
+
+    async def check_health(self) -> None:
+        if self.dead:
+            raise EngineDead(self.dead)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_release: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_release))
+
+
+def serving(engine: FakeEngine, **options: Any) -> SystemOneService:
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    return SystemOneService(engine, CARD, lifecycle, **options)
+
+
+def test_a_full_queue_answers_503_with_retry_after_at_once(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, capacity=1)
+    service = serving(engine)
+    assert service.max_queued == 4  # 4 x what the engine runs at once
+
+    async def scenario() -> tuple[list[Any], float]:
+        engine.gate.clear()
+        held = [asyncio.create_task(service.answer(simple_request(state=f"held {i}"))) for i in range(4)]
+        while engine.calls < 4:
+            await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        refused = await asyncio.gather(
+            *(service.answer(simple_request(state=f"extra {i}")) for i in range(3)), return_exceptions=True
+        )
+        elapsed = time.perf_counter() - started
+        engine.gate.set()
+        answered = await asyncio.gather(*held)
+        return [*refused, *answered], elapsed
+
+    results, elapsed = asyncio.run(scenario())
+    refused, answered = results[:3], results[3:]
+    assert all(isinstance(item, Unavailable) and item.reason == "overloaded" for item in refused), refused
+    assert elapsed < 5, "refusals must not wait for the engine"
+    assert all(isinstance(item, dict) and item["answers"] for item in answered)
+    error = from_service_error(refused[0])
+    assert error.status == 503 and error.headers == {"Retry-After": "1"} and "--max-queued-requests" in error.message
+    assert service.queued == 0
+
+
+def test_cached_and_merged_answers_equal_computed_ones_and_different_requests_never_share(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    service = serving(engine, answer_cache_bytes=1 << 20)
+    first, second = simple_request(state="first ticket"), simple_request(state="second ticket")
+
+    async def scenario() -> list[dict[str, Any]]:
+        computed = await service.answer(first)
+        cached = await service.answer(first)
+        other = await service.answer(second)
+        engine.gate.clear()
+        merged = [asyncio.create_task(service.answer(simple_request(state="third ticket"))) for _ in range(5)]
+        while engine.calls < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        return [computed, cached, other, *await asyncio.gather(*merged)]
+
+    computed, cached, other, *merged = asyncio.run(scenario())
+    assert cached == computed
+    assert other != computed and other["answers"] != computed["answers"]
+    assert all(answer == merged[0] for answer in merged)
+    assert engine.calls == 3  # first, second, one call for the five merged
+    alone = asyncio.run(serving(FakeEngine(tokenizer)).answer(simple_request(state="third ticket")))
+    assert merged[0] == alone
+
+
+def test_different_question_ids_never_share_logits(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    service = serving(engine, answer_cache_bytes=1 << 20)
+    body = simple_request()
+    renamed = {**body, "questions": {f"{key}_2": value for key, value in body["questions"].items()}}
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        return await service.answer(body), await service.answer(renamed)
+
+    one, two = asyncio.run(scenario())
+    assert engine.calls == 2 and set(two["answers"]) == {"urgent_2", "topic_2", "tone_2"}
+
+
+def test_the_cache_stays_within_its_bytes_and_drops_the_least_recently_used() -> None:
+    from clef_head.layout import QuestionLayout, RecordLayout
+    from predictor.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache
+
+    layout = RecordLayout((QuestionLayout("q", 0, (0, 1), ((1, 2), (2, 3)), ("true", "false")),))
+    entry = 4 * 4 + 2 * 4 + ENTRY_OVERHEAD_BYTES  # 4 token ids, 2 float32 logits
+    cache = AnswerCache(max_bytes=2 * entry)
+    keys = [((bytes([i]) * 16), layout) for i in range(3)]
+    cache.put(keys[0], torch.zeros(2))
+    cache.put(keys[1], torch.ones(2))
+    assert cache.get(keys[0]) is not None  # keys[0] is now the most recently used
+    cache.put(keys[2], torch.full((2,), 2.0))
+    assert cache.bytes <= 2 * entry and len(cache) == 2
+    assert cache.get(keys[1]) is None and cache.get(keys[0]) is not None and cache.get(keys[2]) is not None
+    off = AnswerCache(max_bytes=0)
+    off.put(keys[0], torch.zeros(2))
+    assert len(off) == 0
+
+
+def test_not_ready_states_refuse_with_retry_after(tokenizer: Any) -> None:
+    service = serving(FakeEngine(tokenizer))
+    for phase, reason in ((Phase.WARMING_UP, "warming_up"), (Phase.DRAINING, "draining")):
+        service.lifecycle.phase = phase
+        with pytest.raises(Unavailable) as caught:
+            asyncio.run(service.answer(simple_request()))
+        assert caught.value.reason == reason
+        assert from_service_error(caught.value).headers["Retry-After"]
+
+
+def _model(engine: FakeEngine, exits: list[int], exit_on_death: bool = True) -> ClefModel:
+    options = ServingOptions(warmup_max_batch=1, exit_on_engine_death=exit_on_death)
+    model = ClefModel(CARD, lambda: engine, options=options, exit_process=exits.append)
+    assert model.load() and model.ready and model.engine
+    return model
+
+
+def test_engine_death_ends_the_process_within_five_seconds_and_in_flight_requests_get_503(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    exits: list[int] = []
+    model = _model(engine, exits)
+
+    async def scenario() -> tuple[Any, float]:
+        watching = asyncio.create_task(model.start_engine())
+        while not model.lifecycle.ready:
+            await asyncio.sleep(0.01)
+        assert await model.healthy()
+        engine.gate.clear()
+        in_flight = asyncio.create_task(model.service.answer(simple_request()))
+        await asyncio.sleep(0.05)
+        died = time.perf_counter()
+        engine.dead = "engine core killed"
+        engine.gate.set()
+        outcome = await asyncio.gather(in_flight, return_exceptions=True)
+        await asyncio.wait_for(watching, 10)
+        return outcome[0], time.perf_counter() - died
+
+    outcome, elapsed = asyncio.run(scenario())
+    assert isinstance(outcome, Unavailable) and outcome.reason == "engine_dead"
+    assert from_service_error(outcome).status == 503
+    assert exits == [ENGINE_DEAD_EXIT_CODE] and elapsed < 5
+    assert model.lifecycle.phase is Phase.ENGINE_DEAD and not model.lifecycle.live and engine.closed
+    assert "engine core killed" in (model.lifecycle.failure or "")
+
+
+def test_without_exit_on_engine_death_the_process_stays_and_liveness_fails(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    exits: list[int] = []
+    model = _model(engine, exits, exit_on_death=False)
+
+    async def scenario() -> None:
+        watching = asyncio.create_task(model.start_engine())
+        while not model.lifecycle.ready:
+            await asyncio.sleep(0.01)
+        engine.dead = "worker gone"
+        await asyncio.wait_for(watching, 10)
+
+    asyncio.run(scenario())
+    assert exits == [] and not model.lifecycle.live and not asyncio.run(model.healthy())
+    with pytest.raises(Unavailable, match="worker gone"):
+        asyncio.run(model.service.answer(simple_request()))
+
+
+def test_stopping_the_model_is_not_engine_death(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    exits: list[int] = []
+    model = _model(engine, exits)
+
+    async def scenario() -> None:
+        watching = asyncio.create_task(model.start_engine())
+        while not model.lifecycle.ready:
+            await asyncio.sleep(0.01)
+        model.stop_engine()
+        engine.dead = "closed"
+        await asyncio.wait_for(watching, 10)
+
+    asyncio.run(scenario())
+    assert exits == [] and model.lifecycle.phase is Phase.STOPPED and not model.ready
+
+
+def test_sigterm_fails_readiness_first_and_hands_over_after_the_delay() -> None:
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    handed: list[float] = []
+    saved = signal.getsignal(signal.SIGTERM)
+
+    async def scenario() -> tuple[Phase, float]:
+        signal.signal(signal.SIGTERM, lambda signum, frame: handed.append(time.perf_counter()))
+        shutdown = GracefulShutdown(app=None, lifecycle=lifecycle, delay_s=0.3)  # type: ignore[arg-type]
+        shutdown.install()
+        sent = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.05)
+        phase = lifecycle.phase
+        while not handed:
+            await asyncio.sleep(0.01)
+        return phase, handed[0] - sent
+
+    try:
+        phase, waited = asyncio.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    assert phase is Phase.DRAINING and not lifecycle.ready
+    assert waited >= 0.3
