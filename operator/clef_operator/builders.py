@@ -204,7 +204,16 @@ def build_inferenceservice(
     }
     if spec.autoscaling is not None and spec.autoscaling.keda is not None:
         annotations[KSERVE_AUTOSCALER_ANNOTATION] = "keda"
+    labels = {
+        "app.kubernetes.io/name": "clef-predictor",
+        "app.kubernetes.io/instance": decision,
+        "app.kubernetes.io/part-of": "clef-serving",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        DECISION_LABEL: label_value(decision),
+        POOL_LABEL: label_value(pool.name),
+    }
     predictor: dict[str, Any] = {
+        "labels": dict(labels),  # on the pods too: the chart's NetworkPolicy selects them by name
         "minReplicas": low,
         "maxReplicas": high,
         **build_autoscaling(spec, namespace, isvc_name),
@@ -232,14 +241,7 @@ def build_inferenceservice(
         "metadata": {
             "name": isvc_name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/name": "clef-predictor",
-                "app.kubernetes.io/instance": decision,
-                "app.kubernetes.io/part-of": "clef-serving",
-                "app.kubernetes.io/managed-by": MANAGED_BY,
-                DECISION_LABEL: label_value(decision),
-                POOL_LABEL: label_value(pool.name),
-            },
+            "labels": labels,
             "annotations": annotations,
         },
         "spec": {"predictor": predictor},
