@@ -115,8 +115,8 @@ def _remember(state: OperatorState, memo: Any, gpu_nodes: kopf.Index[str, GpuNod
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """kopf's bookkeeping in our own annotations, warnings-only event posting, timeouts, the scheduler."""
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
     _state(memo)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -92,6 +92,7 @@ class _Pass:
     api: KubeApi
     name: str
     namespace: str
+    uid: str
     spec: ClefDecisionSpec
     adopt: Adopter
     now: datetime.datetime
@@ -154,7 +155,7 @@ async def reconcile(
     taken = {key: sorted(obj["metadata"]["name"] for obj in objs)[0] for key, objs in owned.items()}
     names = assign_names(name, sorted(decisions), taken, spec.nodePools.labelKey)
     previous_entries = {(p.get("labelKey", ""), p.get("name", "")): p for p in previous.get("pools") or []}
-    run = _Pass(api=api, name=name, namespace=namespace, spec=spec, adopt=adopt, now=moment,
+    run = _Pass(api=api, name=name, namespace=namespace, uid=uid, spec=spec, adopt=adopt, now=moment,
                 previous=previous_entries)
 
     entries: list[dict[str, Any]] = []
@@ -209,6 +210,9 @@ async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict
     """The wanted name is held by an object this ClefDecision does not own: say whose, and wait for it to go."""
     run.conflicts.append(isvc_name)
     holder = await run.api.get_inferenceservice(run.namespace, isvc_name)
+    if holder is not None and _owned_by(holder, run.uid):  # our own, still being deleted: wait for it to go
+        return build_pool_status(decision, state=PENDING, isvc_name=isvc_name, isvc=None,
+                                 message=f"waiting for the previous {isvc_name} to finish deleting")
     owner = next((ref for ref in ((holder or {}).get("metadata") or {}).get("ownerReferences") or []
                   if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION), None)
     if owner is not None:

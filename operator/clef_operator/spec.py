@@ -11,9 +11,9 @@ import copy
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clef_contract.container import DEFAULT_SHM_SIZE, DEFAULT_STARTUP_FAILURES, DEFAULT_STARTUP_PERIOD
 from clef_contract.container import MANAGED_FLAGS as CONTRACT_FLAGS
@@ -182,6 +182,15 @@ class ApiKeySecret(_Model):
     key: str = Field(default="keys", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
+def _quantity(value: str | int) -> str | int:
+    if not re.fullmatch(QUANTITY_PATTERN, str(value)):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)")
+    return value
+
+
+Quantity = Annotated[str | int, AfterValidator(_quantity)]
+
+
 class StartupBudget(_Model):
     """The startup probe's budget: periodSeconds * failureThreshold covers weight loading and warm-up."""
 
@@ -194,7 +203,7 @@ class Predictor(_Model):
 
     image: str | None = Field(default=None, min_length=1)
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    resources: dict[str, dict[str, str | int]] = Field(default_factory=dict)
+    resources: dict[Literal["requests", "limits"], dict[str, Quantity]] = Field(default_factory=dict)
     maxModelLen: int = Field(default=8192, ge=256, le=1_048_576)
     extraArgs: list[str] = Field(default_factory=list)
     shmSize: str = Field(default=DEFAULT_SHM_SIZE, pattern=QUANTITY_PATTERN)
@@ -203,20 +212,6 @@ class Predictor(_Model):
     env: list[dict[str, Any]] = Field(default_factory=list)
     envFrom: list[dict[str, Any]] = Field(default_factory=list)
     apiKeySecret: ApiKeySecret | None = None
-
-    @field_validator("resources")
-    @classmethod
-    def _requests_and_limits_of_quantities(
-        cls, value: dict[str, dict[str, str | int]]
-    ) -> dict[str, dict[str, str | int]]:
-        unknown = sorted(set(value) - {"requests", "limits"})
-        if unknown:
-            raise ValueError(f"unknown keys {unknown}: only requests and limits are allowed")
-        for part, quantities in value.items():
-            for resource, quantity in quantities.items():
-                if not re.fullmatch(QUANTITY_PATTERN, str(quantity)):
-                    raise ValueError(f"{part}.{resource}: {quantity!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)")
-        return value
 
     @field_validator("env")
     @classmethod

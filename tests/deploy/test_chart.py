@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clef_contract.container import predictor_container, predictor_volumes
+from clef_contract.container import DEFAULT_REQUESTS, predictor_container, predictor_volumes
 from clef_operator.spec import CACHE_VOLUME_SOURCES
 from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, REPO, run_helm
 from tests.deploy.conftest import Render
@@ -210,6 +210,11 @@ def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[
     assert runtime["spec"]["containers"] == [expected]
     assert runtime["spec"]["volumes"] == predictor_volumes(compile_cache=values["compileCache"])
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
+
+
+def test_serving_runtime_default_requests_are_the_operators() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["servingRuntime"]["resources"]["requests"] == DEFAULT_REQUESTS
 
 
 def test_serving_runtime_template_is_generated_from_the_contract() -> None:

@@ -199,12 +199,14 @@ async def test_empty_declared_pool_gets_a_predictor(cluster: Cluster) -> None:
     (422, 'admission webhook "policy.example.com" denied the request: GPU class not allowed'),
 ])
 async def test_a_refused_pool_fails_alone(cluster: Cluster, code: int, message: str) -> None:
-    for node, pool, gpu in (("h100-a", "h100-pool", H100), ("l4-a", "l4-pool", L4), ("b200-a", "b200-pool", B200)):
+    for node, pool, gpu in (("h100-a", "h100-pool", H100), ("b200-a", "b200-pool", B200)):
         await cluster.create(NODES, gpu_node(node, pool, **gpu))
-    cluster.emulator.refusals[("POST", "inferenceservices", "clef-l4-pool")] = (code, message)
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator():
         await has_isvcs(cluster, {"clef-h100-pool", "clef-b200-pool"})
+        # A third pool appears (a node-triggered pass) and its create is refused.
+        cluster.emulator.refusals[("POST", "inferenceservices", "clef-l4-pool")] = (code, message)
+        await cluster.create(NODES, gpu_node("l4-a", "l4-pool", **L4))
         failed = await pool_state(cluster, "l4-pool", "Failed")
         assert str(code) in failed["predictorMessage"] and message in failed["predictorMessage"]
         current = await status(cluster)
@@ -218,7 +220,7 @@ async def test_a_refused_pool_fails_alone(cluster: Cluster, code: int, message: 
                        and message in e["message"] for e in events)
 
         await eventually(warned)
-        # The quota is raised: the retry (with backoff) creates it.
+        # The quota is raised: the scheduler's retry (with backoff, no other trigger) creates it.
         del cluster.emulator.refusals[("POST", "inferenceservices", "clef-l4-pool")]
         await has_isvcs(cluster, {"clef-h100-pool", "clef-b200-pool", "clef-l4-pool"})
         await pool_state(cluster, "l4-pool", "Serving")

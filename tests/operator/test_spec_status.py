@@ -25,7 +25,7 @@ MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
     ({"model": MODEL, "poolOverrides": [{"name": "a"}, {"name": "a"}]}, "more than once"),
     ({"model": MODEL, "predictor": {"resources": {"claims": {}}}}, "spec.predictor.resources"),
     ({"model": MODEL, "predictor": {"resources": {"requests": {"cpu": "lots"}}}},
-     "spec.predictor.resources: Value error, requests.cpu: 'lots' is not a Kubernetes quantity"),
+     "spec.predictor.resources.requests.cpu: Value error, 'lots' is not a Kubernetes quantity"),
     ({"model": MODEL, "predictor": {"shmSize": "big"}}, "spec.predictor.shmSize"),
     ({"model": MODEL, "predictor": {"extraArgs": ["--host=127.0.0.1"]}}, "--host is set by the operator"),
     ({"model": MODEL, "nodePools": {"removalGracePeriod": "ten minutes"}}, "spec.nodePools.removalGracePeriod"),
@@ -148,3 +148,18 @@ def test_cli_defaults() -> None:
     assert args.namespace == ["a", "b"] and args.standalone
     with pytest.raises(SystemExit):
         build_parser().parse_args(["-n", "a", "--all-namespaces"])
+    assert build_parser().parse_args([]).allow_host_path_prefix == []
+    assert build_parser().parse_args(["--allow-host-path-prefix", "/var/cache/clef"]).allow_host_path_prefix == [
+        "/var/cache/clef"]
+
+
+def test_kopf_watches_and_calls_are_bounded() -> None:
+    import kopf
+
+    from clef_operator import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings, memo=kopf.Memo())
+    assert (settings.watching.server_timeout, settings.watching.client_timeout) == (300, 330)
+    assert settings.watching.connect_timeout == settings.networking.connect_timeout == 30
+    assert settings.networking.request_timeout == 60
