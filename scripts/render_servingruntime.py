@@ -36,7 +36,9 @@ VALUES = {
 }
 # Placeholder lines -> Helm blocks (the placeholder's indentation is passed as {indent}).
 BLOCKS = {
-    "- '@EXTRA_ARGS@'": "{{{{- with $rt.extraArgs }}}}\n{pad}{{{{- toYaml . | nindent {indent} }}}}\n{pad}{{{{- end }}}}",
+    "- '@EXTRA_ARGS@'": (
+        "{{{{- with $rt.extraArgs }}}}\n{pad}{{{{- toYaml . | nindent {indent} }}}}\n{pad}{{{{- end }}}}"
+    ),
     "resources: '@RESOURCES@'": (
         "resources:\n"
         "{pad}  requests:\n"

@@ -213,7 +213,8 @@ def evaluate_pool(pool: NodePool, spec: ClefDecisionSpec) -> PoolDecision:
     if labelled and not capable:
         found = f"{gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else "unknown"
         product = f" ({gpu.product})" if gpu.product else ""
-        return refuse(COMPUTE_CAPABILITY_TOO_LOW, f"compute capability {found}{product} is below the required {required}")
+        return refuse(COMPUTE_CAPABILITY_TOO_LOW,
+                      f"compute capability {found}{product} is below the required {required}")
     if gpu.gpus_per_node and gpus_per_replica > gpu.gpus_per_node:
         return refuse(INSUFFICIENT_GPUS,
                       f"a replica needs {gpus_per_replica} GPUs but the pool's nodes have {gpu.gpus_per_node}")
@@ -230,7 +231,8 @@ def evaluate_pool(pool: NodePool, spec: ClefDecisionSpec) -> PoolDecision:
         declared = parse_capability(pool.declared.computeCapability)
         if declared < min_capability:
             return refuse(COMPUTE_CAPABILITY_TOO_LOW,
-                          f"declared compute capability {pool.declared.computeCapability} is below the required {required}")
+                          f"declared compute capability {pool.declared.computeCapability} is below the required "
+                          f"{required}")
         what = "no nodes yet" if not pool.nodes else f"nodes without GPU labels yet: {', '.join(unlabelled)}"
         message = f"declared with compute capability {pool.declared.computeCapability} ({what})"
         return PoolDecision(pool, True, DECLARED, message, gpu, spec.best_variant(declared))

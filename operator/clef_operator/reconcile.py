@@ -178,7 +178,9 @@ async def reconcile(
                    requeue_after=min(run.requeue) if run.requeue else None)
 
 
-async def _serve(run: _Pass, decision: PoolDecision, isvc_name: str, current: Mapping[str, Any] | None) -> dict[str, Any]:
+async def _serve(
+    run: _Pass, decision: PoolDecision, isvc_name: str, current: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """Create or repair the InferenceService of an eligible pool; failures stay on this pool's entry."""
     pool = decision.pool
     desired = build_inferenceservice(decision=run.name, namespace=run.namespace, pool=pool, spec=run.spec,

@@ -219,7 +219,8 @@ def test_serving_runtime_default_requests_are_the_operators() -> None:
 
 def test_serving_runtime_template_is_generated_from_the_contract() -> None:
     """templates/servingruntime.yaml is what scripts/render_servingruntime.py writes (never edited by hand)."""
-    spec = importlib.util.spec_from_file_location("render_servingruntime", REPO / "scripts" / "render_servingruntime.py")
+    script = REPO / "scripts" / "render_servingruntime.py"
+    spec = importlib.util.spec_from_file_location("render_servingruntime", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -50,7 +50,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """Every request served so far as (METHOD, path?query)."""
         return [(str(r.method.value), str(r.url.path_qs)) for r in self._requests]
 
-    def operator_writes(self, plural: str, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> list[tuple[str, str]]:
+    def operator_writes(
+        self, plural: str, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)
+    ) -> list[tuple[str, str]]:
         """(METHOD, object name) of each write to ``plural`` the operator (not the test) sent, in order."""
         writes = []
         for r in self._requests:

@@ -93,7 +93,8 @@ def test_schema_rejects_bad_input(crd: dict[str, Any]) -> None:
     assert errors(validator, {**EXAMPLE, "spec": {**EXAMPLE["spec"], "typo": 1}})
     lots = {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": {"resources": {"requests": {"cpu": "lots"}}}}}
     assert any(p.startswith("spec.predictor.resources.requests.cpu") for p in errors(validator, lots))
-    fine = {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": {"resources": {"requests": {"cpu": "500m", "memory": 64}}}}}
+    quantities = {"resources": {"requests": {"cpu": "500m", "memory": 64}}}
+    fine = {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": quantities}}
     assert errors(validator, fine) == []
 
 

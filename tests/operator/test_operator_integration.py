@@ -267,7 +267,8 @@ def test_documented_rbac_matches_requests(
     modules = {"test_operator_integration.py", "test_cluster_life.py"}
     scenarios = [item.name for item in request.session.items
                  if item.path.name in modules and item.name != request.node.name]
-    if not all(name in observed_rbac for name in scenarios) or not modules <= {i.path.name for i in request.session.items}:
+    collected = {item.path.name for item in request.session.items}
+    if not modules <= collected or not all(name in observed_rbac for name in scenarios):
         pytest.skip("needs every scenario of test_operator_integration.py and test_cluster_life.py to have run first")
     observed = set().union(*(observed_rbac[name] for name in scenarios))
     documented = documented_rbac()
