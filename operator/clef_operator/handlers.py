@@ -34,6 +34,7 @@ from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
 from clef_operator.reconcile import Outcome, Policy, reconcile
 
+LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
 RETRY_BASE_ENV = "CLEF_RETRY_BASE_SECONDS"
 RETRY_MAX_SECONDS = 300.0
@@ -225,8 +226,13 @@ async def _scheduler(state: OperatorState, memo: Any) -> None:
             body = next(iter((state.decisions_index or {}).get(key, [])), None)
             if body is None:
                 continue
-            with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
+            try:
                 await _run(body, memo, _gpu_nodes(state.nodes_index))
+            except (ConflictError, ApiError, kopf.TemporaryError):
+                pass  # _run has scheduled the retry
+            except Exception:  # a bug must not stop every later retry, grace expiry and resync
+                LOGGER.exception("reconciling %s/%s failed; retrying with backoff", *key)
+                _retry_later(state, key)
         state.wake.clear()
         wait = min([next_resync, *state.due.values()]) - loop.time()
         if wait > 0:
