@@ -448,3 +448,29 @@ async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) 
     assert sorted(owners) == ["clef", "clef", "other"]  # no duplicates, no orphans
     body = await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")
     assert not body["metadata"].get("finalizers")
+
+
+async def test_host_path_cache_only_under_the_allowed_prefix(cluster: Cluster) -> None:
+    import kopf
+
+    from clef_operator.handlers import OperatorState
+    from clef_operator.reconcile import Policy
+
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    cache = {"hostPath": {"path": "/var/cache/clef/ml", "type": "DirectoryOrCreate"}}
+    await cluster.create(DECISIONS.format(ns=NS), decision(predictor={"compileCache": cache}))
+    async with running_operator():  # no --allow-host-path-prefix: refused, naming the field
+        refused = await eventually(lambda: _ready_reason(cluster, "InvalidSpec"))
+        assert refused["message"].startswith("spec.predictor.compileCache.hostPath.path: hostPath compile caches")
+    assert await isvcs(cluster) == {}
+    memo = kopf.Memo()
+    memo.clef = OperatorState(policy=Policy(host_path_prefixes=("/var/cache/clef",)))
+    async with running_operator(memo=memo):
+        await has_isvcs(cluster, {"clef-h100-pool"})
+    volumes = (await isvcs(cluster))["clef-h100-pool"]["spec"]["predictor"]["volumes"]
+    assert {"name": "compile-cache", **cache} in volumes
+
+
+async def _ready_reason(cluster: Cluster, reason: str) -> dict[str, Any] | None:
+    ready = next((c for c in (await status(cluster)).get("conditions", []) if c["type"] == "Ready"), {})
+    return ready if ready.get("reason") == reason else None
