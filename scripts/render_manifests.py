@@ -44,6 +44,8 @@ metadata:
 FILE_OF_SOURCE = {
     "templates/serviceaccount.yaml": "02-rbac.yaml",
     "templates/rbac.yaml": "02-rbac.yaml",
+    "templates/aggregated-roles.yaml": "02-rbac.yaml",
+    "templates/networkpolicy.yaml": "06-networkpolicy.yaml",
     "templates/peering.yaml": "03-peering.yaml",
     "templates/deployment.yaml": "04-operator.yaml",
     "templates/servingruntime.yaml": "05-servingruntime.yaml",

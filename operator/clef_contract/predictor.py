@@ -13,6 +13,8 @@ MODEL_DIR = "/mnt/models"
 # can manage (emptyDir, most claims; not hostPath) writable by the predictor.
 PREDICTOR_UID = 10001
 PREDICTOR_GID = 10001
+# The image's $HOME (`--home-dir` there): a writable scratch volume under the read-only root filesystem.
+PREDICTOR_HOME = "/home/clef"
 
 # The compile cache: vLLM's torch.compile artifacts, Inductor's cache, Triton's kernels and Triton's autotuning
 # results on a volume, so a restarted predictor loads them instead of compiling and benchmarking kernels again

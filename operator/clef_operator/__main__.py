@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="no peering: for a single replica (or local development)")
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority; default: random per process, so replicas never tie")
+    parser.add_argument("--allow-host-path-prefix", action="append", default=[], metavar="DIR",
+                        help="let ClefDecisions put their compile cache on a hostPath under DIR (repeatable; "
+                             "absolute; default: hostPath caches are refused)")
     parser.add_argument("--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
     return parser
@@ -40,7 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.liveness_port < 0 or args.liveness_port > 65535:
         build_parser().error("--liveness-port must be between 0 and 65535")
-    import clef_operator.handlers  # noqa: F401  (registers the handlers)
+    for prefix in args.allow_host_path_prefix:
+        if not prefix.startswith("/") or os.path.normpath(prefix) == "/":
+            build_parser().error(f"--allow-host-path-prefix {prefix!r}: give an absolute folder other than /")
+    from clef_operator.handlers import OperatorState  # registers the handlers
+    from clef_operator.reconcile import Policy
+
+    memo = kopf.Memo()
+    memo.clef = OperatorState(policy=Policy(host_path_prefixes=tuple(
+        os.path.normpath(prefix) for prefix in args.allow_host_path_prefix)))
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
     liveness = f"http://{args.liveness_host}:{args.liveness_port}/healthz" if args.liveness_port else None
@@ -52,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
         priority=priority,
+        memo=memo,
     )
     return 0
 

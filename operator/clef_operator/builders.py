@@ -7,49 +7,75 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from clef_contract.predictor import (
-    COMPILE_CACHE_DIR,
-    COMPILE_CACHE_ENV,
-    COMPILE_CACHE_VOLUME,
-    MODEL_DIR,
-    PREDICTOR_GID,
-    PREDICTOR_PORT,
-)
+from clef_contract.container import DEFAULT_REQUESTS, predictor_container, predictor_volumes
+from clef_contract.predictor import PREDICTOR_GID
 from clef_operator.constants import (
     DECISION_LABEL,
+    GPU_COMPUTE_MAJOR_LABEL,
+    GPU_COMPUTE_MINOR_LABEL,
     GPU_RESOURCE,
     KSERVE_API_VERSION,
-    KSERVE_CONTAINER_NAME,
+    KSERVE_AUTOSCALER_ANNOTATION,
     KSERVE_DEPLOYMENT_MODE_ANNOTATION,
     MANAGED_BY,
     POOL_ANNOTATION,
     POOL_LABEL,
-    SPEC_HASH_ANNOTATION,
+    POOL_LABEL_KEY_ANNOTATION,
+    POOL_LABEL_KEYS,
+    VARIANT_ANNOTATION,
 )
 from clef_operator.pools import NodePool
-from clef_operator.spec import ClefDecisionSpec
+from clef_operator.spec import ClefDecisionSpec, Variant
 
 # KServe names the predictor's Deployment/Service "<isvc>-predictor"; keep that within a 63-char label.
 MAX_ISVC_NAME = 63 - len("-predictor")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-READINESS_PERIOD_SECONDS = 10
 
 
-def inferenceservice_name(decision: str, pool: str) -> str:
-    """``<decision>-<pool>`` as a DNS-1035 label of at most 53 chars (hash-suffixed when shortened)."""
+def inferenceservice_name(decision: str, pool: str, label_key: str | None = None) -> str:
+    """``<decision>-<pool>`` as a DNS-1035 label of at most 53 chars (hash-suffixed when shortened).
+
+    With ``label_key`` the name always carries a hash of (decision, label key, pool): the name of a pool whose
+    name another label key already uses.
+    """
     raw = f"{decision}-{pool}"
     name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
     if not name or not name[0].isalpha():
         name = f"c-{name}".rstrip("-")
-    if name == raw and len(name) <= MAX_ISVC_NAME:
+    if label_key is None and name == raw and len(name) <= MAX_ISVC_NAME:
         return name
-    digest = hashlib.sha256(f"{decision}/{pool}".encode()).hexdigest()[:8]
+    identity = f"{decision}/{pool}" if label_key is None else f"{decision}/{label_key}/{pool}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     return f"{name[: MAX_ISVC_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def assign_names(
+    decision: str, pools: list[tuple[str, str]], taken: Mapping[tuple[str, str], str], label_key: str | None
+) -> dict[tuple[str, str], str]:
+    """One InferenceService name per (label key, pool), unique within the ClefDecision.
+
+    A pool keeps the name it already has (``taken``); a new pool gets ``<decision>-<pool>`` unless another
+    label key's pool of the same name holds it, in which case its name carries a hash of its label key.
+    Pools under the spec's labelKey, then the well-known keys in order, are named first.
+    """
+    rank = [label_key, *POOL_LABEL_KEYS] if label_key else list(POOL_LABEL_KEYS)
+
+    def order(key: tuple[str, str]) -> tuple[int, str, str]:
+        return (rank.index(key[0]) if key[0] in rank else len(rank), key[0], key[1])
+
+    names = {key: name for key, name in taken.items() if key in pools}
+    used = set(names.values())
+    for key in sorted(pools, key=order):
+        if key in names:
+            continue
+        plain = inferenceservice_name(decision, key[1])
+        names[key] = plain if plain not in used else inferenceservice_name(decision, key[1], key[0])
+        used.add(names[key])
+    return names
 
 
 def label_value(name: str) -> str:
@@ -59,62 +85,13 @@ def label_value(name: str) -> str:
     return "h-" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
-def build_predictor_args(spec: ClefDecisionSpec, gpus: int) -> list[str]:
-    """The predictor's command line: ``python -m predictor`` followed by these arguments."""
-    return [
-        "--model-dir", MODEL_DIR,
-        "--model-name", spec.model.name,
-        "--engine", "vllm",
-        "--dp", str(gpus),
-        "--max-model-len", str(spec.predictor.maxModelLen),
-        "--http_port", str(PREDICTOR_PORT),
-        *spec.predictor.extraArgs,
-    ]
-
-
 def build_resources(spec: ClefDecisionSpec, gpus: int) -> dict[str, dict[str, str | int]]:
-    """The container's resources: the spec's requests/limits with ``nvidia.com/gpu`` set to ``gpus``."""
-    requests = dict(spec.predictor.resources.get("requests", {}))
+    """The container's resources: the spec's (default CPU/memory requests) with ``nvidia.com/gpu`` = ``gpus``."""
+    requests = dict(spec.predictor.resources.get("requests") or DEFAULT_REQUESTS)
     limits = dict(spec.predictor.resources.get("limits", {}))
     requests[GPU_RESOURCE] = str(gpus)
     limits[GPU_RESOURCE] = str(gpus)
     return {"requests": requests, "limits": limits}
-
-
-def build_probes(spec: ClefDecisionSpec) -> dict[str, dict[str, Any]]:
-    """Startup and readiness probes on the model endpoint, which answers 200 only after warm-up."""
-    http_get = {"path": f"/v1/models/{spec.model.name}", "port": PREDICTOR_PORT, "scheme": "HTTP"}
-    budget = spec.predictor.startupProbe
-    return {
-        "startupProbe": {
-            "httpGet": dict(http_get),
-            "periodSeconds": budget.periodSeconds,
-            "failureThreshold": budget.failureThreshold,
-            "timeoutSeconds": 5,
-        },
-        "readinessProbe": {
-            "httpGet": dict(http_get),
-            "periodSeconds": READINESS_PERIOD_SECONDS,
-            "failureThreshold": 3,
-            "timeoutSeconds": 5,
-        },
-    }
-
-
-def build_env(spec: ClefDecisionSpec) -> list[dict[str, str]]:
-    """The container's environment: the model's storage URI and the compile-cache directories."""
-    return [
-        {"name": "STORAGE_URI", "value": spec.model.storageUri},
-        *({"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()),
-    ]
-
-
-def build_volumes(spec: ClefDecisionSpec) -> list[dict[str, Any]]:
-    """The pod's volumes: a memory-backed /dev/shm and the compile cache (the spec's volume source)."""
-    return [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.predictor.shmSize}},
-        {"name": COMPILE_CACHE_VOLUME, **copy.deepcopy(spec.predictor.compileCache)},
-    ]
 
 
 def build_pod_security_context(spec: ClefDecisionSpec) -> dict[str, Any] | None:
@@ -128,91 +105,169 @@ def build_pod_security_context(spec: ClefDecisionSpec) -> dict[str, Any] | None:
     """
     if spec.deploymentMode == "Knative":
         return None
-    return {"fsGroup": PREDICTOR_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+    return {"fsGroup": PREDICTOR_GID, "fsGroupChangePolicy": "OnRootMismatch",
+            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def build_predictor_container(spec: ClefDecisionSpec, gpus: int) -> dict[str, Any]:
-    """The predictor container (named as KServe expects, so its storage initializer fills /mnt/models)."""
-    container: dict[str, Any] = {
-        "name": KSERVE_CONTAINER_NAME,
-        "image": spec.image(),
-        "command": ["python", "-m", "predictor"],
-        "args": build_predictor_args(spec, gpus),
-        "env": build_env(spec),
-        "ports": [{"containerPort": PREDICTOR_PORT, "name": "http", "protocol": "TCP"}],
-        "resources": build_resources(spec, gpus),
-        "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_DIR},
-        ],
-        **build_probes(spec),
-    }
+def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Variant | None = None) -> dict[str, Any]:
+    """The predictor container (the contract's), serving ``variant`` (default: the spec's best release)."""
+    chosen = variant or spec.variants[0]
+    container = predictor_container(
+        image=spec.image(),
+        model_name=spec.model.name,
+        dp=str(gpus),
+        max_model_len=str(spec.predictor.maxModelLen),
+        resources=build_resources(spec, gpus),
+        env=[{"name": "STORAGE_URI", "value": chosen.storageUri}, *spec.predictor.env],
+        extra_args=spec.predictor.extraArgs,
+        api_key_file=spec.predictor.apiKeySecret is not None,
+        startup_period=spec.predictor.startupProbe.periodSeconds,
+        startup_failures=spec.predictor.startupProbe.failureThreshold,
+    )
+    if spec.predictor.envFrom:
+        container["envFrom"] = copy.deepcopy(spec.predictor.envFrom)
     if spec.predictor.imagePullPolicy:
         container["imagePullPolicy"] = spec.predictor.imagePullPolicy
     return container
 
 
+def build_volumes(spec: ClefDecisionSpec) -> list[dict[str, Any]]:
+    """The pod's volumes (the contract's), with the spec's compile-cache source and API-key Secret."""
+    secret = spec.predictor.apiKeySecret
+    return predictor_volumes(compile_cache=spec.predictor.compileCache, shm_size=spec.predictor.shmSize,
+                             api_key_secret=(secret.name, secret.key) if secret else None)
+
+
+def capability_affinity(min_capability: tuple[int, int]) -> dict[str, Any]:
+    """Required node affinity: only nodes whose GPU Feature Discovery labels show ``min_capability`` or more."""
+    major, minor = min_capability
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}]},
+        {"matchExpressions": [{"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
+                              {"key": GPU_COMPUTE_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]}]},
+    ]}}}
+
+
+def build_affinity(spec: ClefDecisionSpec, variant: Variant | None, verified: bool) -> dict[str, Any]:
+    """The spec's affinity plus the capability rule of the release served (none on an unverified pool)."""
+    affinity = copy.deepcopy(spec.affinity)
+    if verified and variant is not None:
+        required = capability_affinity(variant.min_capability)["nodeAffinity"]
+        affinity["nodeAffinity"] = {**affinity.get("nodeAffinity", {}), **required}
+    return affinity
+
+
+def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict[str, Any]:
+    """KServe's scaling fields: scaleMetric/scaleTarget, or a KEDA trigger on the predictor's own metric."""
+    scaling = spec.autoscaling
+    if scaling is None:
+        return {}
+    if scaling.keda is not None:
+        keda = scaling.keda
+        query = f'sum({keda.metric}{{namespace="{namespace}",pod=~"{name}-predictor-.*"}})'
+        return {"autoScaling": {"metrics": [{"type": "External", "external": {
+            "metric": {"backend": "prometheus", "serverAddress": keda.serverAddress, "query": query},
+            "target": {"type": "AverageValue", "averageValue": keda.target},
+        }}]}}
+    fields: dict[str, Any] = {}
+    if scaling.scaleMetric is not None:
+        fields["scaleMetric"] = scaling.scaleMetric
+    if scaling.scaleTarget is not None:
+        fields["scaleTarget"] = scaling.scaleTarget
+    return fields
+
+
 def build_inferenceservice(
-    *, decision: str, namespace: str, pool: NodePool, spec: ClefDecisionSpec
+    *,
+    decision: str,
+    namespace: str,
+    pool: NodePool,
+    spec: ClefDecisionSpec,
+    variant: Variant | None = None,
+    verified: bool = True,
+    name: str | None = None,
 ) -> dict[str, Any]:
-    """The InferenceService serving the model on one pool (not yet adopted by its ClefDecision)."""
+    """The InferenceService serving ``variant`` on one pool (not yet adopted by its ClefDecision).
+
+    ``verified``: the pool's capability is known (labelled or declared), so node affinity pins the pods to
+    nodes that can run the release.
+    """
+    chosen = variant or spec.variants[0]
     gpus = spec.gpus_for(pool.name)
-    replicas = spec.replicas_for(pool.name)
-    body: dict[str, Any] = {
+    low, high = spec.replicas_for(pool.name)
+    isvc_name = name or inferenceservice_name(decision, pool.name)
+    annotations = {
+        KSERVE_DEPLOYMENT_MODE_ANNOTATION: spec.deploymentMode,
+        POOL_ANNOTATION: pool.name,
+        POOL_LABEL_KEY_ANNOTATION: pool.label_key,
+        VARIANT_ANNOTATION: chosen.quantization,
+    }
+    if spec.autoscaling is not None and spec.autoscaling.keda is not None:
+        annotations[KSERVE_AUTOSCALER_ANNOTATION] = "keda"
+    labels = {
+        "app.kubernetes.io/name": "clef-predictor",
+        "app.kubernetes.io/instance": decision,
+        "app.kubernetes.io/part-of": "clef-serving",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        DECISION_LABEL: label_value(decision),
+        POOL_LABEL: label_value(pool.name),
+    }
+    predictor: dict[str, Any] = {
+        "labels": dict(labels),  # on the pods too: the chart's NetworkPolicy selects them by name
+        "minReplicas": low,
+        "maxReplicas": high,
+        **build_autoscaling(spec, namespace, isvc_name),
+        "nodeSelector": {pool.label_key: pool.name},
+        "containers": [build_predictor_container(spec, gpus, chosen)],
+        "volumes": build_volumes(spec),
+    }
+    affinity = build_affinity(spec, chosen, verified)
+    if affinity:
+        predictor["affinity"] = affinity
+    if spec.tolerations:
+        predictor["tolerations"] = [dict(toleration) for toleration in spec.tolerations]
+    if spec.serviceAccountName:
+        predictor["serviceAccountName"] = spec.serviceAccountName
+    if spec.imagePullSecrets:
+        predictor["imagePullSecrets"] = [dict(secret) for secret in spec.imagePullSecrets]
+    if spec.priorityClassName:
+        predictor["priorityClassName"] = spec.priorityClassName
+    security_context = build_pod_security_context(spec)
+    if security_context is not None:
+        predictor["securityContext"] = security_context
+    return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",
         "metadata": {
-            "name": inferenceservice_name(decision, pool.name),
+            "name": isvc_name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/name": "clef-predictor",
-                "app.kubernetes.io/instance": decision,
-                "app.kubernetes.io/part-of": "clef-serving",
-                "app.kubernetes.io/managed-by": MANAGED_BY,
-                DECISION_LABEL: label_value(decision),
-                POOL_LABEL: label_value(pool.name),
-            },
-            "annotations": {
-                KSERVE_DEPLOYMENT_MODE_ANNOTATION: spec.deploymentMode,
-                POOL_ANNOTATION: pool.name,
-            },
+            "labels": labels,
+            "annotations": annotations,
         },
-        "spec": {
-            "predictor": {
-                "minReplicas": replicas,
-                "maxReplicas": replicas,
-                "nodeSelector": {pool.label_key: pool.name},
-                "tolerations": [dict(toleration) for toleration in spec.tolerations],
-                "containers": [build_predictor_container(spec, gpus)],
-                "volumes": build_volumes(spec),
-            }
-        },
+        "spec": {"predictor": predictor},
     }
-    if not body["spec"]["predictor"]["tolerations"]:
-        del body["spec"]["predictor"]["tolerations"]
-    security_context = build_pod_security_context(spec)
-    if security_context is not None:
-        body["spec"]["predictor"]["securityContext"] = security_context
-    return body
 
 
-def spec_hash(body: Mapping[str, Any]) -> str:
-    """A short hash of what the operator manages in a child: spec, labels, annotations (minus the hash)."""
-    metadata = body.get("metadata", {})
-    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != SPEC_HASH_ANNOTATION}
-    managed = {
-        "spec": body.get("spec"),
-        "labels": metadata.get("labels") or {},
-        "annotations": annotations,
-        "ownerReferences": metadata.get("ownerReferences") or [],
-    }
-    return hashlib.sha256(json.dumps(managed, sort_keys=True).encode()).hexdigest()[:16]
+def covers(live: Any, desired: Any) -> bool:
+    """Whether ``live`` holds everything ``desired`` says: equal scalars, lists of the same length whose items
+    cover, and mappings with every desired key covered (keys others add, such as KServe's defaults, are fine)."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(key in live and covers(live[key], value)
+                                                 for key, value in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(map(covers, live, desired))
+    return bool(live == desired)
 
 
-def stamp_spec_hash(body: dict[str, Any]) -> dict[str, Any]:
-    """Record the body's spec hash in its annotations (in place) and return the body."""
-    body["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = spec_hash(body)
-    return body
+def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether the live object differs from the desired one in a field the operator manages."""
+    meta, want = current.get("metadata") or {}, desired["metadata"]
+    return not (
+        covers(current.get("spec"), desired["spec"])
+        and covers(meta.get("labels") or {}, want.get("labels", {}))
+        and covers(meta.get("annotations") or {}, want.get("annotations", {}))
+        and covers(meta.get("ownerReferences") or [], want.get("ownerReferences", []))
+    )
 
 
 def build_update_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -15,13 +15,14 @@ KSERVE_VERSION = "v1beta1"
 KSERVE_PLURAL = "inferenceservices"
 KSERVE_API_VERSION = f"{KSERVE_GROUP}/{KSERVE_VERSION}"
 KSERVE_DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
-KSERVE_CONTAINER_NAME = "kserve-container"
+KSERVE_AUTOSCALER_ANNOTATION = "serving.kserve.io/autoscalerClass"
 
 # Labels and annotations the operator puts on the InferenceServices it owns.
 DECISION_LABEL = f"{GROUP}/decision"
 POOL_LABEL = f"{GROUP}/pool"
 POOL_ANNOTATION = f"{GROUP}/pool"
-SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+POOL_LABEL_KEY_ANNOTATION = f"{GROUP}/pool-label-key"
+VARIANT_ANNOTATION = f"{GROUP}/variant"
 MANAGED_BY = "clef-operator"
 
 # Well-known node labels naming a node's pool, tried in this order when spec.nodePools.labelKey is unset.
@@ -40,6 +41,3 @@ GPU_FAMILY_LABEL = "nvidia.com/gpu.family"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_COMPUTE_MAJOR_LABEL = "nvidia.com/gpu.compute.major"
 GPU_COMPUTE_MINOR_LABEL = "nvidia.com/gpu.compute.minor"
-
-# The smallest compute capability with FP8 tensor cores (Ada); Hopper is 9.0, Blackwell 10.0/12.0.
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)

@@ -1,13 +1,17 @@
 """Thin kopf handlers: they pick the trigger, call reconcile(), write the status and post events.
 
-Triggers: a ClefDecision is created, changed or found at start-up; a resync timer; a change in the
-GPU nodes' labels (a pool appears, disappears or changes GPU); and a change in an owned
-InferenceService's readiness or URL.
+Triggers: a ClefDecision is created, changed or found at start-up; a change in what the GPU nodes say about
+pools; any change to an owned InferenceService (readiness, URL, hand edits) or the deletion of an
+InferenceService whose name a ClefDecision waits for; and the operator's own scheduler, which retries failed
+passes with backoff, wakes up when a removal grace period ends, and resyncs every ClefDecision periodically.
+The scheduler is one operator-wide task fed from kopf's indices, not a per-object timer or daemon, so kopf
+puts no finalizer on ClefDecisions: deleting one never waits for the operator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -18,7 +22,6 @@ import kopf
 
 from clef_operator.constants import (
     API_VERSION,
-    DECISION_LABEL,
     GROUP,
     KIND,
     KSERVE_GROUP,
@@ -27,23 +30,50 @@ from clef_operator.constants import (
     PLURAL,
     VERSION,
 )
-from clef_operator.kube import ConflictError, KubeApi, connection_info, load_configuration
-from clef_operator.pools import GpuNode, summarize_node
-from clef_operator.reconcile import Outcome, reconcile
+from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
+from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
+from clef_operator.reconcile import Outcome, Policy, reconcile
 
+LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
 RETRY_BASE_ENV = "CLEF_RETRY_BASE_SECONDS"
 RETRY_MAX_SECONDS = 300.0
+# kopf's watch requests: the server ends each watch after server_timeout, the client gives up on a silent
+# one after client_timeout, and every other API call kopf makes is bounded too.
+WATCH_SERVER_TIMEOUT = 300
+WATCH_CLIENT_TIMEOUT = 330
+CONNECT_TIMEOUT = 30
+REQUEST_TIMEOUT = 60
+
+Key = tuple[str, str]
 
 
 @dataclass
 class OperatorState:
     """Operator-wide state shared by all handlers through kopf's memo."""
 
+    policy: Policy = field(default_factory=Policy)
     api: KubeApi | None = None
-    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     last_status: dict[str, dict[str, Any]] = field(default_factory=dict)
-    node_fingerprint: frozenset[tuple[str, tuple[tuple[str, str], ...], int]] | None = None
+    node_fingerprint: frozenset[Any] | None = None
+    # The scheduler: when each ClefDecision is due, how often its last passes failed, and a wake-up call.
+    due: dict[Key, float] = field(default_factory=dict)
+    failures: dict[Key, int] = field(default_factory=dict)
+    wake: asyncio.Event | None = None
+    task: asyncio.Task[None] | None = None
+    # Live views of kopf's indices, captured from the first handler call that receives them.
+    nodes_index: kopf.Index[str, GpuNode] | None = None
+    decisions_index: kopf.Index[Key, dict[str, Any]] | None = None
+    # InferenceService names held by others, by (namespace, name): the ClefDecision waiting for each.
+    waiting_for: dict[Key, Key] = field(default_factory=dict)
+
+    def schedule(self, key: Key, delay: float) -> None:
+        """Reconcile ``key`` within ``delay`` seconds (an earlier due time stays)."""
+        when = asyncio.get_running_loop().time() + max(delay, 0.0)
+        self.due[key] = min(self.due.get(key, when), when)
+        if self.wake is not None:
+            self.wake.set()
 
 
 def _state(memo: Any) -> OperatorState:
@@ -67,19 +97,48 @@ def retry_delay(retry: int) -> float:
     return min(base * 2 ** min(retry, 16), RETRY_MAX_SECONDS)
 
 
-def _gpu_nodes(index: kopf.Index[str, GpuNode]) -> list[GpuNode]:
-    return [node for _, store in index.items() for node in store]
+def _gpu_nodes(index: kopf.Index[str, GpuNode] | None) -> list[GpuNode]:
+    return [node for _, store in (index or {}).items() for node in store]
+
+
+def _remember(state: OperatorState, memo: Any, gpu_nodes: kopf.Index[str, GpuNode],
+              decisions: kopf.Index[Key, dict[str, Any]]) -> None:
+    """Keep the live indices and start the scheduler from the first resource handler that runs.
+
+    Started here rather than at start-up: a task inherits its creator's context, and kopf.event() needs
+    the context kopf gives its resource handlers.
+    """
+    state.nodes_index = gpu_nodes
+    state.decisions_index = decisions
+    if state.task is None:
+        state.wake = asyncio.Event()
+        state.task = asyncio.create_task(_scheduler(state, memo), name="clef-scheduler")
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Keep kopf's bookkeeping in our own annotations and post only warnings from logs as events."""
+    """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
     _state(memo)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = settings.watching.server_timeout or WATCH_SERVER_TIMEOUT
+    settings.watching.client_timeout = settings.watching.client_timeout or WATCH_CLIENT_TIMEOUT
+    settings.watching.connect_timeout = settings.watching.connect_timeout or CONNECT_TIMEOUT
+    settings.networking.connect_timeout = settings.networking.connect_timeout or CONNECT_TIMEOUT
+    settings.networking.request_timeout = min(settings.networking.request_timeout or REQUEST_TIMEOUT, REQUEST_TIMEOUT)
+
+
+@kopf.on.cleanup()
+async def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the scheduler task with the operator."""
+    task = _state(memo).task
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @kopf.on.login()
@@ -98,19 +157,17 @@ def gpu_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, GpuNode] | None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def decisions(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """ClefDecisions by (namespace, name), as plain dicts, for node- and child-triggered reconciles."""
+def decisions(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
+    """ClefDecisions by (namespace, name), as plain dicts, for node-, child- and scheduler-triggered passes."""
     return {(namespace, name): _plain(body)}
 
 
-async def _run(
-    body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode], *, trust_body_status: bool = False
-) -> Outcome | None:
-    """Reconcile one ClefDecision under its lock, write its status if changed, post its events.
+async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> Outcome | None:
+    """Reconcile one ClefDecision under its lock, write its status if changed, post its events, schedule it.
 
-    The previous status is the one this process last wrote (the body's copy may lag behind it),
-    unless ``trust_body_status`` asks to compare with what the cluster holds (to repair drift).
-    Returns None for a ClefDecision that is being deleted.
+    The previous status is the one this process last wrote (the body's copy may lag behind it). A failed
+    pass (a pool's write refused, a lost race, KServe missing) is scheduled again with backoff; a removal
+    grace period that is running schedules a pass for its end. Returns None for a ClefDecision being deleted.
     """
     state = _state(memo)
     if state.api is None:
@@ -121,59 +178,99 @@ async def _run(
     key = (meta["namespace"], meta["name"])
     uid = meta.get("uid", "")
     lock = state.locks.setdefault(key, asyncio.Lock())
-    async with lock:
-        cluster_status = _plain(body.get("status") or {})
-        previous = cluster_status if trust_body_status else state.last_status.get(uid) or cluster_status
-        outcome = await reconcile(
-            body, nodes=nodes, api=state.api, previous_status=previous,
-            adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
-        )
-        if outcome.status != previous:
-            await state.api.patch_decision_status(key[0], key[1], outcome.status)
-        state.last_status[uid] = outcome.status
+    try:
+        async with lock:
+            previous = state.last_status.get(uid) or _plain(body.get("status") or {})
+            outcome = await reconcile(
+                body, nodes=nodes, api=state.api, previous_status=previous, policy=state.policy,
+                adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
+            )
+            if outcome.status != previous:
+                await state.api.patch_decision_status(key[0], key[1], outcome.status)
+            state.last_status[uid] = outcome.status
+    except (ConflictError, ApiError):
+        _retry_later(state, key)
+        raise
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
+    for name in outcome.conflicts:
+        state.waiting_for[(key[0], name)] = key
+    if outcome.failed or outcome.kserve_missing:
+        _retry_later(state, key)
+    else:
+        state.failures.pop(key, None)
+        if outcome.requeue_after is not None:
+            state.schedule(key, outcome.requeue_after)
     return outcome
 
 
-async def _reconcile_for_handler(body: kopf.Body, memo: kopf.Memo, index: kopf.Index[str, GpuNode], retry: int) -> None:
+def _retry_later(state: OperatorState, key: Key) -> None:
+    failures = state.failures.get(key, 0)
+    state.failures[key] = failures + 1
+    state.schedule(key, retry_delay(failures))
+
+
+async def _scheduler(state: OperatorState, memo: Any) -> None:
+    """Run due passes; every RESYNC_SECONDS make every ClefDecision due (repairs drift nobody reported)."""
+    assert state.wake is not None
+    loop = asyncio.get_running_loop()
+    next_resync = loop.time() + RESYNC_SECONDS
+    while True:
+        now = loop.time()
+        if now >= next_resync:
+            next_resync = now + RESYNC_SECONDS
+            for key, _ in (state.decisions_index or {}).items():
+                state.due.setdefault(key, now)
+        for key in [key for key, when in state.due.items() if when <= now]:
+            del state.due[key]
+            body = next(iter((state.decisions_index or {}).get(key, [])), None)
+            if body is None:
+                continue
+            try:
+                await _run(body, memo, _gpu_nodes(state.nodes_index))
+            except (ConflictError, ApiError, kopf.TemporaryError):
+                pass  # _run has scheduled the retry
+            except Exception:  # a bug must not stop every later retry, grace expiry and resync
+                LOGGER.exception("reconciling %s/%s failed; retrying with backoff", *key)
+                _retry_later(state, key)
+        state.wake.clear()
+        wait = min([next_resync, *state.due.values()]) - loop.time()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.wake.wait(), timeout=wait)
+
+
+async def _reconcile_for_handler(
+    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any]
+) -> None:
+    _remember(_state(memo), memo, gpu_nodes, decisions)
     try:
-        outcome = await _run(_plain(body), memo, _gpu_nodes(index))
-    except ConflictError as exc:
-        raise kopf.TemporaryError(f"lost a race, retrying: {exc}", delay=1) from exc
-    if outcome is None:
-        return
-    if outcome.invalid_spec is not None:
+        outcome = await _run(_plain(body), memo, _gpu_nodes(gpu_nodes))
+    except (ConflictError, ApiError):
+        return  # scheduled again with backoff
+    if outcome is not None and outcome.invalid_spec is not None:
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid_spec}")
-    if outcome.kserve_missing:
-        raise kopf.TemporaryError("KServe's InferenceService CRD is not installed", delay=retry_delay(retry))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def resumed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], retry: int, **_: Any) -> None:
+async def resumed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
+                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
     """Reconcile every ClefDecision found when the operator starts."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, retry)
+    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-async def created(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], retry: int, **_: Any) -> None:
+async def created(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
+                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
     """Reconcile a new ClefDecision."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, retry)
+    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def updated(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], retry: int, **_: Any) -> None:
+async def updated(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
+                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
     """Reconcile a ClefDecision whose spec, labels or annotations changed."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, retry)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], **_: Any) -> None:
-    """Periodic level-triggered resync: repairs drift nobody told the operator about."""
-    try:
-        await _run(_plain(body), memo, _gpu_nodes(gpu_nodes), trust_body_status=True)
-    except ConflictError:
-        pass  # the next trigger or tick reconciles again
+    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -183,37 +280,38 @@ def forget_deleted(type: str | None, namespace: str, name: str, uid: str, memo: 
         state = _state(memo)
         state.locks.pop((namespace, name), None)
         state.last_status.pop(uid, None)
-
-
-def node_fingerprint(nodes: Iterable[GpuNode]) -> frozenset[tuple[str, tuple[tuple[str, str], ...], int]]:
-    """What about the GPU nodes matters to pools: names, labels, GPU counts (not heartbeats)."""
-    return frozenset((node.name, tuple(sorted(node.labels.items())), node.gpus) for node in nodes)
+        state.due.pop((namespace, name), None)
+        state.failures.pop((namespace, name), None)
 
 
 @kopf.on.event("nodes")
 async def node_changed(
     memo: kopf.Memo,
     gpu_nodes: kopf.Index[str, GpuNode],
-    decisions: kopf.Index[tuple[str, str], dict[str, Any]],
-    logger: kopf.Logger,
+    decisions: kopf.Index[Key, dict[str, Any]],
     **_: Any,
 ) -> None:
-    """Re-reconcile every ClefDecision when a GPU node appears, disappears or changes labels."""
+    """Re-reconcile every ClefDecision when what the GPU nodes say about pools changes.
+
+    Only pool labels, GPU Feature Discovery's GPU labels and GPU counts count: heartbeats, GFD's timestamp
+    and other relabelling trigger nothing. A failed pass is retried by the scheduler with backoff.
+    """
     state = _state(memo)
+    _remember(state, memo, gpu_nodes, decisions)
     nodes = _gpu_nodes(gpu_nodes)
-    fingerprint = node_fingerprint(nodes)
+    label_keys = {key for _, store in decisions.items() for body in store
+                  if (key := ((body.get("spec") or {}).get("nodePools") or {}).get("labelKey"))}
+    fingerprint = node_fingerprint(nodes, label_keys)
     if fingerprint == state.node_fingerprint:
         return
     state.node_fingerprint = fingerprint
     for _, store in list(decisions.items()):
         for body in list(store):
-            try:
+            with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
                 await _run(body, memo, nodes)
-            except (ConflictError, kopf.TemporaryError) as exc:
-                logger.info(f"Reconciling {body['metadata']['name']} after a node change is deferred: {exc}")
 
 
-@kopf.on.event(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL, labels={DECISION_LABEL: kopf.PRESENT})
+@kopf.on.event(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL)
 async def inferenceservice_changed(
     body: kopf.Body,
     namespace: str,
@@ -221,32 +319,27 @@ async def inferenceservice_changed(
     type: str | None,
     memo: kopf.Memo,
     gpu_nodes: kopf.Index[str, GpuNode],
-    decisions: kopf.Index[tuple[str, str], dict[str, Any]],
+    decisions: kopf.Index[Key, dict[str, Any]],
     **_: Any,
 ) -> None:
-    """Feed an owned InferenceService's readiness and URL back into its ClefDecision's status."""
+    """Reconcile the owner of a changed InferenceService (readiness, URL, hand edits are repaired), and the
+    ClefDecision waiting for a deleted InferenceService's name (a freed name is taken at once)."""
+    state = _state(memo)
+    _remember(state, memo, gpu_nodes, decisions)
     owner = next(
         (ref for ref in body.metadata.get("ownerReferences") or []
          if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION),
         None,
     )
-    if owner is None:
-        return
-    parents = decisions.get((namespace, owner["name"]), [])
-    parent = next((p for p in parents if p["metadata"].get("uid") == owner["uid"]), None)
-    if parent is None:
-        return
-    state = _state(memo)
-    known = next(
-        (pool for pool in (state.last_status.get(owner["uid"]) or {}).get("pools", [])
-         if pool.get("inferenceService") == name),
-        None,
-    )
-    status = body.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    if type != "DELETED" and known is not None and (known.get("ready"), known.get("url")) == (ready, status.get("url")):
-        return
-    try:
-        await _run(parent, memo, _gpu_nodes(gpu_nodes))
-    except ConflictError:
-        pass  # the next event or the resync timer reconciles again
+    targets: list[Key] = []
+    if owner is not None:
+        targets.append((namespace, owner["name"]))
+    if type == "DELETED" and (namespace, name) in state.waiting_for:
+        targets.append(state.waiting_for.pop((namespace, name)))
+    for key in dict.fromkeys(targets):
+        parent = next(iter(decisions.get(key, [])), None)
+        if parent is None or (owner is not None and key == (namespace, owner["name"])
+                              and parent["metadata"].get("uid") != owner.get("uid")):
+            continue
+        with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
+            await _run(parent, memo, _gpu_nodes(gpu_nodes))

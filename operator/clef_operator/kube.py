@@ -7,6 +7,7 @@ The same client configuration feeds kopf's login, so both use one set of credent
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import kopf
 import kubernetes.client
 import kubernetes.config
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator.constants import (
@@ -69,75 +71,118 @@ def connection_info(configuration: kubernetes.client.Configuration) -> kopf.Conn
     )
 
 
+class ApiError(RuntimeError):
+    """A write the API server refused (quota, admission webhook, permissions) or could not answer in time."""
+
+    def __init__(self, action: str, code: int | None, reason: str) -> None:
+        super().__init__(f"{action} failed: {f'{code} ' if code else ''}{reason}")
+        self.code = code
+
+
+# Every call the operator makes gives up after this long (connect, read) in seconds; it holds the
+# ClefDecision's lock meanwhile, so a hung API server must not hold it for ever.
+REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
+
+
 class KubeApi:
     """InferenceService and ClefDecision-status calls, async over the synchronous official client."""
 
     def __init__(self, configuration: kubernetes.client.Configuration) -> None:
         self._custom = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(configuration))
 
+    async def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """One client call in a thread, bounded by REQUEST_TIMEOUT; transport failures become ApiError."""
+        try:
+            return await asyncio.to_thread(method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+        except ApiException:
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(action, None, f"{type(exc).__name__}: {exc}") from exc
+
     async def list_inferenceservices(self, namespace: str, decision_label: str) -> list[dict[str, Any]]:
         """InferenceServices in ``namespace`` labelled as belonging to a ClefDecision."""
         try:
-            result = await asyncio.to_thread(
-                self._custom.list_namespaced_custom_object,
+            result = await self._call(
+                "listing InferenceServices", self._custom.list_namespaced_custom_object,
                 KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL,
                 label_selector=f"{DECISION_LABEL}={decision_label}",
             )
         except ApiException as exc:
             if exc.status == 404:
                 raise KServeNotInstalledError(str(exc.reason)) from exc
-            raise
+            raise ApiError("listing InferenceServices", exc.status, _reason(exc)) from exc
         return list(result.get("items", []))
 
-    async def create_inferenceservice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create an InferenceService; ConflictError when the name is taken."""
-        namespace = body["metadata"]["namespace"]
+    async def get_inferenceservice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One InferenceService, or None when there is none of that name."""
         try:
-            return await asyncio.to_thread(
-                self._custom.create_namespaced_custom_object,
+            return await self._call(
+                f"reading {name}", self._custom.get_namespaced_custom_object,
+                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ApiError(f"reading {name}", exc.status, _reason(exc)) from exc
+
+    async def create_inferenceservice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an InferenceService; ConflictError when the name is taken, ApiError when refused."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            return await self._call(
+                f"creating {name}", self._custom.create_namespaced_custom_object,
                 KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, dict(body),
             )
         except ApiException as exc:
             _raise_translated(exc, not_found=KServeNotInstalledError)
-            raise
+            raise ApiError(f"creating {name}", exc.status, _reason(exc)) from exc
 
     async def patch_inferenceservice(
         self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]:
         """Apply a JSON patch to an InferenceService; ConflictError when its resourceVersion moved."""
         try:
-            return await asyncio.to_thread(
-                self._custom.patch_namespaced_custom_object,
+            return await self._call(
+                f"updating {name}", self._custom.patch_namespaced_custom_object,
                 KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name, list(ops),
                 _content_type=JSON_PATCH,
             )
         except ApiException as exc:
             _raise_translated(exc, not_found=ConflictError)
-            raise
+            raise ApiError(f"updating {name}", exc.status, _reason(exc)) from exc
 
     async def delete_inferenceservice(self, namespace: str, name: str) -> None:
         """Delete an InferenceService (already gone is fine)."""
         try:
-            await asyncio.to_thread(
-                self._custom.delete_namespaced_custom_object,
+            await self._call(
+                f"deleting {name}", self._custom.delete_namespaced_custom_object,
                 KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name,
                 propagation_policy="Background",
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise
+                raise ApiError(f"deleting {name}", exc.status, _reason(exc)) from exc
 
     async def patch_decision_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch a ClefDecision's status subresource (a deleted ClefDecision is ignored)."""
         try:
-            await asyncio.to_thread(
-                self._custom.patch_namespaced_custom_object_status,
+            await self._call(
+                f"writing the status of {name}", self._custom.patch_namespaced_custom_object_status,
                 GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
                 _content_type=MERGE_PATCH,
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise
+                raise ApiError(f"writing the status of {name}", exc.status, _reason(exc)) from exc
+
+
+def _reason(exc: ApiException) -> str:
+    """The API server's message (its Status body), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (TypeError, ValueError):
+        message = None
+    return str(message or exc.reason or "unknown error")
 
 
 def _raise_translated(exc: ApiException, *, not_found: type[RuntimeError]) -> None:

@@ -1,8 +1,9 @@
 """One level-triggered, idempotent reconciliation of a ClefDecision.
 
-Reads the GPU nodes and the InferenceServices the ClefDecision owns, creates, updates and deletes
-InferenceServices so that every eligible pool has exactly one, and returns the status to write and
-the events to post. The builders decide what the objects look like; this module only compares and calls.
+Reads the GPU nodes and the InferenceServices the ClefDecision owns, creates, repairs and (after the removal
+grace period) deletes InferenceServices so that every eligible pool has exactly one, and returns the status
+to write, the events to post and when to look again. The builders decide what the objects look like; this
+module only compares and calls. A failure on one pool is recorded on that pool; the others still converge.
 """
 
 from __future__ import annotations
@@ -12,14 +13,38 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clef_operator.builders import build_inferenceservice, build_update_patch, label_value, spec_hash, stamp_spec_hash
-from clef_operator.constants import POOL_ANNOTATION, SPEC_HASH_ANNOTATION
-from clef_operator.kube import ConflictError, KServeNotInstalledError, KubeApi
-from clef_operator.pools import GpuNode, PoolDecision, evaluate_pool, group_into_pools
-from clef_operator.spec import InvalidSpecError, parse_spec
-from clef_operator.status import INVALID_SPEC, KSERVE_NOT_INSTALLED, READY, build_pool_status, build_status
+from clef_operator.builders import assign_names, build_inferenceservice, build_update_patch, drifted, label_value
+from clef_operator.constants import API_VERSION, KIND, POOL_ANNOTATION, POOL_LABEL_KEY_ANNOTATION
+from clef_operator.kube import ApiError, ConflictError, KServeNotInstalledError, KubeApi
+from clef_operator.pools import CHOSEN_BY_SPEC, NO_NODES, GpuInfo, GpuNode, NodePool, PoolDecision, evaluate_pool
+from clef_operator.pools import group_into_pools
+from clef_operator.spec import ClefDecisionSpec, InvalidSpecError, check_host_path, parse_spec
+from clef_operator.status import (
+    CONFLICT,
+    DEGRADED,
+    FAILED,
+    INELIGIBLE,
+    INVALID_SPEC,
+    KSERVE_NOT_INSTALLED,
+    NAME_COLLISION,
+    NAME_TAKEN,
+    PENDING,
+    READY,
+    SERVING,
+    build_pool_status,
+    build_status,
+    format_time,
+    parse_time,
+)
 
 Adopter = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the operator's own command line allows every ClefDecision."""
+
+    host_path_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,21 +58,54 @@ class Event:
 
 @dataclass
 class Outcome:
-    """What one reconciliation decided: the status to write, events to post, and whether to retry."""
+    """What one reconciliation decided: status, events, and when (if ever) to reconcile again by itself."""
 
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     invalid_spec: str | None = None
     kserve_missing: bool = False
-    conflicts: list[str] = field(default_factory=list)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    failed: bool = False
+    requeue_after: float | None = None
+    conflicts: list[str] = field(default_factory=list)  # InferenceService names held by others
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(label key, pool) an owned InferenceService serves, from its annotations (or its nodeSelector)."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    pool = annotations.get(POOL_ANNOTATION)
+    key = annotations.get(POOL_LABEL_KEY_ANNOTATION)
+    if key is None:
+        selector = ((obj.get("spec") or {}).get("predictor") or {}).get("nodeSelector") or {}
+        key = next(iter(selector), None)
+    return (key, pool) if key and pool else None
+
+
+@dataclass
+class _Pass:
+    """The state of one reconciliation pass."""
+
+    api: KubeApi
+    name: str
+    namespace: str
+    uid: str
+    spec: ClefDecisionSpec
+    adopt: Adopter
+    now: datetime.datetime
+    previous: Mapping[tuple[str, str], Mapping[str, Any]]
+    events: list[Event] = field(default_factory=list)
+    requeue: list[float] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    failed: bool = False
+
+    def warn_once(self, key: tuple[str, str], entry: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Warning event, unless the previous status already reported the same message for the pool."""
+        if (self.previous.get(key) or {}).get("predictorMessage") != entry.get("predictorMessage"):
+            self.events.append(Event("Warning", reason, message))
 
 
 async def reconcile(
@@ -57,109 +115,177 @@ async def reconcile(
     api: KubeApi,
     adopt: Adopter,
     previous_status: Mapping[str, Any] | None = None,
+    policy: Policy = Policy(),
+    now: datetime.datetime | None = None,
 ) -> Outcome:
     """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     generation = meta.get("generation")
     previous = previous_status if previous_status is not None else (body.get("status") or {})
+    moment = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
+    stamp = format_time(moment)
 
     try:
         spec = parse_spec(body.get("spec") or {})
+        check_host_path(spec, policy.host_path_prefixes)
     except InvalidSpecError as exc:
-        status = build_status(generation=generation, pools=[], invalid_spec=str(exc), previous=previous, now=_now())
-        events = _transition_events(previous, status, [])
-        return Outcome(status=status, events=events, invalid_spec=str(exc))
+        status = build_status(generation=generation, pools=[], invalid_spec=str(exc), previous=previous, now=stamp)
+        return Outcome(status=status, events=_transition_events(previous, status), invalid_spec=str(exc))
 
-    pools, unpooled = group_into_pools(nodes, spec.nodePools.labelKey)
-    decisions = [
-        evaluate_pool(
-            pool,
-            min_capability=spec.min_capability,
-            allow_unverified=spec.allowUnverifiedPools,
-            gpus_per_replica=spec.gpus_for(pool.name),
-            include=spec.nodePools.include,
-            exclude=spec.nodePools.exclude,
-        )
-        for pool in pools
-    ]
-    events: list[Event] = []
+    pools, unpooled = group_into_pools(nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    decisions = {pool.key: evaluate_pool(pool, spec) for pool in pools}
     try:
         listed = await api.list_inferenceservices(namespace, label_value(name))
     except KServeNotInstalledError:
-        entries = [build_pool_status(d, isvc_name=None, isvc=None) for d in decisions]
-        status = build_status(
-            generation=generation, pools=entries, unpooled=unpooled, kserve_installed=False,
-            previous=previous, now=_now(),
-        )
-        return Outcome(status=status, events=_transition_events(previous, status, decisions), kserve_missing=True)
+        entries = [build_pool_status(d, state=PENDING if d.eligible else INELIGIBLE, isvc_name=None, isvc=None)
+                   for d in decisions.values()]
+        status = build_status(generation=generation, pools=entries, unpooled=unpooled, kserve_installed=False,
+                              previous=previous, now=stamp)
+        return Outcome(status=status, events=_transition_events(previous, status), kserve_missing=True)
 
-    owned = {obj["metadata"]["name"]: obj for obj in listed if _owned_by(obj, uid)}
+    owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for obj in listed:
+        key = _pool_key(obj)
+        if _owned_by(obj, uid) and key is not None:
+            owned.setdefault(key, []).append(obj)
+    for key in owned.keys() - decisions.keys():  # a pool whose nodes are all gone
+        pool = NodePool(name=key[1], label_key=key[0], nodes=())
+        decisions[key] = PoolDecision(pool, False, NO_NODES, "the pool has no nodes", GpuInfo(None, None, None, 0))
+    taken = {key: sorted(obj["metadata"]["name"] for obj in objs)[0] for key, objs in owned.items()}
+    names = assign_names(name, sorted(decisions), taken, spec.nodePools.labelKey)
+    previous_entries = {(p.get("labelKey", ""), p.get("name", "")): p for p in previous.get("pools") or []}
+    run = _Pass(api=api, name=name, namespace=namespace, uid=uid, spec=spec, adopt=adopt, now=moment,
+                previous=previous_entries)
+
     entries: list[dict[str, Any]] = []
-    conflicts: list[str] = []
-    wanted: set[str] = set()
-    for decision in decisions:
-        if not decision.eligible:
-            entries.append(build_pool_status(decision, isvc_name=None, isvc=None))
-            continue
-        desired = build_inferenceservice(decision=name, namespace=namespace, pool=decision.pool, spec=spec)
-        adopt(desired)
-        stamp_spec_hash(desired)
-        isvc_name = desired["metadata"]["name"]
-        wanted.add(isvc_name)
-        current, conflict = await _apply(api, owned.get(isvc_name), desired, events)
-        if conflict is not None:
-            conflicts.append(conflict)
-        entries.append(build_pool_status(decision, isvc_name=isvc_name, isvc=current, conflict=conflict))
+    for key in sorted(decisions):
+        decision = decisions[key]
+        current = [obj for obj in owned.get(key, []) if not obj["metadata"].get("deletionTimestamp")]
+        keep = next((obj for obj in current if obj["metadata"]["name"] == names[key]), None)
+        for extra in (obj for obj in current if obj is not keep):  # a second object for one pool
+            await _delete(run, key, extra, "it duplicates " + names[key])
+        if decision.eligible:
+            entries.append(await _serve(run, decision, names[key], keep))
+        else:
+            entry = await _withdraw(run, decision, keep)
+            if entry is not None:
+                entries.append(entry)
 
-    for stale_name, stale in sorted(owned.items()):
-        if stale_name in wanted or (stale.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        await api.delete_inferenceservice(namespace, stale_name)
-        pool = (stale["metadata"].get("annotations") or {}).get(POOL_ANNOTATION, "?")
-        events.append(Event("Normal", "InferenceServiceDeleted",
-                            f"deleted {stale_name}: node pool {pool} is gone or no longer eligible"))
-
-    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=_now())
-    events = _transition_events(previous, status, decisions) + events
-    return Outcome(status=status, events=events, conflicts=conflicts)
+    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp)
+    events = _transition_events(previous, status) + run.events
+    return Outcome(status=status, events=events, failed=run.failed, conflicts=run.conflicts,
+                   requeue_after=min(run.requeue) if run.requeue else None)
 
 
-async def _apply(
-    api: KubeApi, current: Mapping[str, Any] | None, desired: dict[str, Any], events: list[Event]
-) -> tuple[Mapping[str, Any] | None, str | None]:
-    """Create or update one InferenceService; return its latest state, or a conflict message."""
-    meta = desired["metadata"]
-    pool = meta["annotations"][POOL_ANNOTATION]
+async def _serve(
+    run: _Pass, decision: PoolDecision, isvc_name: str, current: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Create or repair the InferenceService of an eligible pool; failures stay on this pool's entry."""
+    pool = decision.pool
+    desired = build_inferenceservice(decision=run.name, namespace=run.namespace, pool=pool, spec=run.spec,
+                                     variant=decision.variant, verified=decision.gpu.capability is not None,
+                                     name=isvc_name)
+    run.adopt(desired)
+    try:
+        if current is None:
+            try:
+                current = await run.api.create_inferenceservice(desired)
+            except ConflictError:
+                return await _collision(run, decision, isvc_name)
+            run.events.append(Event("Normal", "InferenceServiceCreated",
+                                    f"created {isvc_name} for node pool {pool.name}"))
+        elif drifted(current, desired):
+            current = await run.api.patch_inferenceservice(
+                run.namespace, isvc_name, build_update_patch(current, desired))
+            run.events.append(Event("Normal", "InferenceServiceUpdated",
+                                    f"updated {isvc_name} for node pool {pool.name}"))
+    except ApiError as exc:
+        run.failed = True
+        entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=str(exc))
+        run.warn_once(pool.key, entry, "InferenceServiceFailed", f"node pool {pool.name}: {exc}")
+        return entry
+    return build_pool_status(decision, state=SERVING, isvc_name=isvc_name, isvc=current)
+
+
+async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict[str, Any]:
+    """The wanted name is held by an object this ClefDecision does not own: say whose, and wait for it to go."""
+    run.conflicts.append(isvc_name)
+    holder = await run.api.get_inferenceservice(run.namespace, isvc_name)
+    if holder is not None and _owned_by(holder, run.uid):  # our own, still being deleted: wait for it to go
+        return build_pool_status(decision, state=PENDING, isvc_name=isvc_name, isvc=None,
+                                 message=f"waiting for the previous {isvc_name} to finish deleting")
+    owner = next((ref for ref in ((holder or {}).get("metadata") or {}).get("ownerReferences") or []
+                  if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION), None)
+    if owner is not None:
+        reason = NAME_COLLISION
+        message = (f"the InferenceService name {isvc_name} is already used by ClefDecision {owner.get('name')} "
+                   "(rename one of the two ClefDecisions or pools)")
+    else:
+        reason = NAME_TAKEN
+        message = f"an InferenceService named {isvc_name} exists and is not owned by this ClefDecision"
+    entry = build_pool_status(decision, state=CONFLICT, isvc_name=isvc_name, isvc=None, message=message,
+                              predictor_reason=reason)
+    run.warn_once(decision.pool.key, entry, reason, f"node pool {decision.pool.name}: {message}")
+    return entry
+
+
+async def _withdraw(run: _Pass, decision: PoolDecision, current: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """An ineligible pool: its predictor stays (Degraded) for the grace period, then goes.
+
+    Returns the pool's status entry, or None for a pool that no longer exists in any form.
+    """
+    pool = decision.pool
     if current is None:
-        try:
-            created = await api.create_inferenceservice(desired)
-        except ConflictError:
-            return None, f"an InferenceService named {meta['name']} exists and is not owned by this ClefDecision"
-        events.append(Event("Normal", "InferenceServiceCreated", f"created {meta['name']} for node pool {pool}"))
-        return created, None
-    current_hash = ((current.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    if current_hash == spec_hash(desired):
-        return current, None
-    updated = await api.patch_inferenceservice(meta["namespace"], meta["name"], build_update_patch(current, desired))
-    events.append(Event("Normal", "InferenceServiceUpdated", f"updated {meta['name']} for node pool {pool}"))
-    return updated, None
+        return None if not pool.nodes and decision.reason == NO_NODES else build_pool_status(
+            decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+    isvc_name = current["metadata"]["name"]
+    before = run.previous.get(pool.key) or {}
+    since = parse_time(before.get("degradedSince")) if before.get("state") == DEGRADED else None
+    since = since or run.now
+    removal = since + datetime.timedelta(seconds=run.spec.nodePools.removal_grace_seconds)
+    if decision.reason in CHOSEN_BY_SPEC or run.now >= removal:
+        why = decision.message if decision.reason in CHOSEN_BY_SPEC else (
+            f"{decision.message} since {format_time(since)}")
+        error = await _delete(run, pool.key, current, f"node pool {pool.name}: {why}")
+        if error is not None:
+            return build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=error)
+        return None if not pool.nodes else build_pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+    run.requeue.append((removal - run.now).total_seconds())
+    entry = build_pool_status(decision, state=DEGRADED, isvc_name=isvc_name, isvc=current,
+                              degraded_since=format_time(since), removal_at=format_time(removal))
+    if before.get("state") != DEGRADED:
+        run.events.append(Event("Warning", "PoolDegraded",
+                                f"node pool {pool.name}: {decision.message}; {isvc_name} is kept until "
+                                f"{format_time(removal)} unless the pool recovers"))
+    return entry
 
 
-def _transition_events(
-    previous: Mapping[str, Any], status: Mapping[str, Any], decisions: list[PoolDecision]
-) -> list[Event]:
+async def _delete(run: _Pass, key: tuple[str, str], obj: Mapping[str, Any], why: str) -> str | None:
+    """Delete one owned InferenceService; a refusal is reported as a Warning, returned, and retried later."""
+    isvc_name = obj["metadata"]["name"]
+    try:
+        await run.api.delete_inferenceservice(run.namespace, isvc_name)
+    except ApiError as exc:
+        run.failed = True
+        run.events.append(Event("Warning", "InferenceServiceFailed", f"node pool {key[1]}: {exc}"))
+        return str(exc)
+    run.events.append(Event("Normal", "InferenceServiceDeleted", f"deleted {isvc_name}: {why}"))
+    return None
+
+
+def _transition_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
     """Events for what changed since the previous status: pool eligibility and the Ready condition."""
     events: list[Event] = []
-    before = {pool.get("name"): pool for pool in previous.get("pools") or []}
-    for decision in decisions:
-        old = before.get(decision.pool.name)
-        if old is not None and old.get("eligible") == decision.eligible and old.get("reason") == decision.reason:
+    before = {(pool.get("labelKey"), pool.get("name")): pool for pool in previous.get("pools") or []}
+    for pool in status.get("pools") or []:
+        old = before.get((pool.get("labelKey"), pool.get("name")))
+        if old is not None and old.get("eligible") == pool["eligible"] and old.get("reason") == pool["reason"]:
             continue
-        if decision.eligible:
-            events.append(Event("Normal", "PoolEligible", f"node pool {decision.pool.name}: {decision.message}"))
+        if pool["eligible"]:
+            events.append(Event("Normal", "PoolEligible", f"node pool {pool['name']}: {pool['message']}"))
         else:
-            events.append(Event("Warning", "PoolIneligible", f"node pool {decision.pool.name}: {decision.message}"))
+            events.append(Event("Warning", "PoolIneligible", f"node pool {pool['name']}: {pool['message']}"))
     old_ready = _condition(previous, READY)
     new_ready = _condition(status, READY)
     if (old_ready.get("status"), old_ready.get("reason")) != (new_ready.get("status"), new_ready.get("reason")):

@@ -11,12 +11,13 @@ import copy
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clef_contract.container import DEFAULT_SHM_SIZE, DEFAULT_STARTUP_FAILURES, DEFAULT_STARTUP_PERIOD
+from clef_contract.container import MANAGED_FLAGS as CONTRACT_FLAGS
 from clef_contract.predictor import COMPILE_CACHE_VOLUME
-from clef_operator.constants import FP8_MIN_COMPUTE_CAPABILITY
 
 STORAGE_URI_PATTERN = r"^(pvc|s3|gs|hf|oci)://.+"
 MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
@@ -24,15 +25,22 @@ CAPABILITY_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
 DEFAULT_PREDICTOR_IMAGE = "ghcr.io/clef-serving/clef-predictor:0.1.0"
 PREDICTOR_IMAGE_ENV = "CLEF_PREDICTOR_IMAGE"
 
-# Flags the operator sets itself; extraArgs may not repeat them.
-MANAGED_FLAGS: tuple[str, ...] = (
-    "--model-dir",
-    "--model-name",
-    "--engine",
-    "--dp",
-    "--max-model-len",
-    "--http_port",
+# A Kubernetes resource quantity (the API server's own pattern, as in KServe's and Kubernetes' schemas).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+# A duration such as 10m, 90s, 1h30m.
+DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+DEFAULT_REMOVAL_GRACE = "10m"
+
+# Flags the operator sets itself (the predictor contract's); extraArgs may not repeat them.
+MANAGED_FLAGS: tuple[str, ...] = CONTRACT_FLAGS
+
+# Release formats, best first, with the smallest compute capability each needs: NVFP4 has FP4 tensor cores
+# from Blackwell (10.0), FP8 from Ada (8.9); BF16 runs from Ampere (8.0).
+QUANTIZATIONS: tuple[str, ...] = ("nvfp4", "fp8", "bf16")
+QUANTIZATION_FLOOR: dict[str, tuple[int, int]] = {"nvfp4": (10, 0), "fp8": (8, 9), "bf16": (8, 0)}
+Quantization = Literal["nvfp4", "fp8", "bf16"]
 
 # Kubernetes volume sources a compile cache may use: the writable ones (configMap, secret, downwardAPI,
 # projected and image volumes are read-only; gitRepo is deprecated).
@@ -49,11 +57,53 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelSource(_Model):
-    """Where the release lives and the name the predictor serves it under."""
+class Variant(_Model):
+    """One release of the model: its format, where it lives, and the GPUs that may run it."""
 
+    quantization: Quantization
     storageUri: str = Field(pattern=STORAGE_URI_PATTERN)
+    minComputeCapability: str | None = Field(default=None, pattern=CAPABILITY_PATTERN)
+
+    @model_validator(mode="after")
+    def _runnable(self) -> Variant:
+        floor = QUANTIZATION_FLOOR[self.quantization]
+        if self.minComputeCapability is not None and parse_capability(self.minComputeCapability) < floor:
+            raise ValueError(f"minComputeCapability must be at least {floor[0]}.{floor[1]} for {self.quantization}")
+        return self
+
+    @property
+    def min_capability(self) -> tuple[int, int]:
+        """The variant's own minimum, else its format's floor."""
+        if self.minComputeCapability is None:
+            return QUANTIZATION_FLOOR[self.quantization]
+        return parse_capability(self.minComputeCapability)
+
+
+class ModelSource(_Model):
+    """Where the release lives (one storageUri, or variants per GPU class) and the name it is served under."""
+
+    storageUri: str | None = Field(default=None, pattern=STORAGE_URI_PATTERN)
+    variants: list[Variant] = Field(default_factory=list, max_length=3)
     name: str = Field(default="clef-flash", min_length=1, max_length=63, pattern=MODEL_NAME_PATTERN)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.storageUri is None) == (not self.variants):
+            raise ValueError("give exactly one of storageUri and variants")
+        formats = [variant.quantization for variant in self.variants]
+        duplicates = sorted({q for q in formats if formats.count(q) > 1})
+        if duplicates:
+            raise ValueError(f"variants lists a quantization more than once: {', '.join(duplicates)}")
+        return self
+
+
+class DeclaredPool(_Model):
+    """A pool named ahead of its nodes (scale-from-zero, Karpenter): served before any node exists."""
+
+    name: str = Field(min_length=1, max_length=63)
+    labelKey: str | None = Field(default=None, min_length=1, max_length=316)
+    computeCapability: str = Field(pattern=CAPABILITY_PATTERN)
+    gpusPerNode: int | None = Field(default=None, ge=1, le=16)
 
 
 class NodePoolSelection(_Model):
@@ -62,13 +112,26 @@ class NodePoolSelection(_Model):
     labelKey: str | None = Field(default=None, min_length=1, max_length=316)
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
+    removalGracePeriod: str = Field(default=DEFAULT_REMOVAL_GRACE, pattern=DURATION_PATTERN, min_length=2)
+    declared: list[DeclaredPool] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _disjoint(self) -> NodePoolSelection:
         both = sorted(set(self.include) & set(self.exclude))
         if both:
             raise ValueError(f"pools listed in both include and exclude: {', '.join(both)}")
+        keys = [(pool.labelKey or self.labelKey, pool.name) for pool in self.declared]
+        if any(key is None for key, _ in keys):
+            raise ValueError("a declared pool needs a labelKey (its own or spec.nodePools.labelKey)")
+        twice = sorted({name for key, name in keys if keys.count((key, name)) > 1})
+        if twice:
+            raise ValueError(f"declared lists a pool more than once: {', '.join(twice)}")
         return self
+
+    @property
+    def removal_grace_seconds(self) -> float:
+        """removalGracePeriod in seconds."""
+        return parse_duration(self.removalGracePeriod)
 
 
 class PoolOverride(_Model):
@@ -76,14 +139,63 @@ class PoolOverride(_Model):
 
     name: str = Field(min_length=1, max_length=63)
     replicas: int | None = Field(default=None, ge=1, le=1000)
+    minReplicas: int | None = Field(default=None, ge=0, le=1000)
+    maxReplicas: int | None = Field(default=None, ge=1, le=1000)
     gpusPerReplica: int | None = Field(default=None, ge=1, le=16)
+
+
+# The predictor's own Prometheus gauges a KEDA trigger may scale on: requests inside the engine, and requests
+# admitted but waiting for it.
+KEDA_METRICS: tuple[str, ...] = ("clef_engine_in_flight", "clef_queue_depth")
+
+
+class Keda(_Model):
+    """KEDA scaling on the predictor's own metrics (KServe's autoScaling block; KEDA must be installed)."""
+
+    metric: Literal["clef_engine_in_flight", "clef_queue_depth"] = "clef_queue_depth"
+    target: str = Field(default="4", pattern=QUANTITY_PATTERN)
+    serverAddress: str = Field(min_length=1, pattern=r"^https?://.+")
+
+
+class Autoscaling(_Model):
+    """Replicas between min and max, scaled by KServe on scaleMetric/scaleTarget, or by KEDA."""
+
+    minReplicas: int = Field(default=1, ge=0, le=1000)
+    maxReplicas: int = Field(ge=1, le=1000)
+    scaleMetric: Literal["concurrency", "rps", "cpu", "memory"] | None = None
+    scaleTarget: int | None = Field(default=None, ge=1)
+    keda: Keda | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.minReplicas > self.maxReplicas:
+            raise ValueError("minReplicas may not exceed maxReplicas")
+        if self.keda is not None and (self.scaleMetric is not None or self.scaleTarget is not None):
+            raise ValueError("keda replaces scaleMetric/scaleTarget: give one or the other")
+        return self
+
+
+class ApiKeySecret(_Model):
+    """A Secret in the ClefDecision's namespace whose key holds the predictor's API keys (one per line)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    key: str = Field(default="keys", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+def _quantity(value: str | int) -> str | int:
+    if not re.fullmatch(QUANTITY_PATTERN, str(value)):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)")
+    return value
+
+
+Quantity = Annotated[str | int, AfterValidator(_quantity)]
 
 
 class StartupBudget(_Model):
     """The startup probe's budget: periodSeconds * failureThreshold covers weight loading and warm-up."""
 
-    periodSeconds: int = Field(default=10, ge=1, le=300)
-    failureThreshold: int = Field(default=180, ge=1, le=10000)
+    periodSeconds: int = Field(default=DEFAULT_STARTUP_PERIOD, ge=1, le=300)
+    failureThreshold: int = Field(default=DEFAULT_STARTUP_FAILURES, ge=1, le=10000)
 
 
 class Predictor(_Model):
@@ -91,19 +203,22 @@ class Predictor(_Model):
 
     image: str | None = Field(default=None, min_length=1)
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    resources: dict[str, dict[str, str | int]] = Field(default_factory=dict)
+    resources: dict[Literal["requests", "limits"], dict[str, Quantity]] = Field(default_factory=dict)
     maxModelLen: int = Field(default=8192, ge=256, le=1_048_576)
     extraArgs: list[str] = Field(default_factory=list)
-    shmSize: str = Field(default="16Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+    shmSize: str = Field(default=DEFAULT_SHM_SIZE, pattern=QUANTITY_PATTERN)
     startupProbe: StartupBudget = Field(default_factory=StartupBudget)
     compileCache: dict[str, Any] = Field(default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE))
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    envFrom: list[dict[str, Any]] = Field(default_factory=list)
+    apiKeySecret: ApiKeySecret | None = None
 
-    @field_validator("resources")
+    @field_validator("env")
     @classmethod
-    def _only_requests_and_limits(cls, value: dict[str, dict[str, str | int]]) -> dict[str, dict[str, str | int]]:
-        unknown = sorted(set(value) - {"requests", "limits"})
-        if unknown:
-            raise ValueError(f"unknown keys {unknown}: only requests and limits are allowed")
+    def _named_env(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, item in enumerate(value):
+            if not isinstance(item.get("name"), str) or not item["name"]:
+                raise ValueError(f"[{index}] needs a name")
         return value
 
     @field_validator("compileCache")
@@ -138,7 +253,7 @@ class ClefDecisionSpec(_Model):
     """The whole ``spec`` of a ClefDecision, with the CRD's defaults."""
 
     model: ModelSource
-    quantization: Literal["fp8", "bf16"] = "fp8"
+    quantization: Quantization = "fp8"
     minComputeCapability: str = Field(default="8.9", pattern=CAPABILITY_PATTERN)
     allowUnverifiedPools: bool = False
     nodePools: NodePoolSelection = Field(default_factory=NodePoolSelection)
@@ -146,28 +261,60 @@ class ClefDecisionSpec(_Model):
     gpusPerReplica: int = Field(default=1, ge=1, le=16)
     poolOverrides: list[PoolOverride] = Field(default_factory=list)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    autoscaling: Autoscaling | None = None
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    serviceAccountName: str | None = Field(default=None, min_length=1, max_length=253)
+    imagePullSecrets: list[dict[str, str]] = Field(default_factory=list)
+    priorityClassName: str | None = Field(default=None, min_length=1, max_length=253)
     predictor: Predictor = Field(default_factory=Predictor)
     deploymentMode: Literal["Standard", "Knative"] = "Standard"
 
     @model_validator(mode="after")
     def _consistent(self) -> ClefDecisionSpec:
-        if self.quantization == "fp8" and self.min_capability < FP8_MIN_COMPUTE_CAPABILITY:
-            raise ValueError("minComputeCapability must be at least 8.9 when quantization is fp8")
+        floor = QUANTIZATION_FLOOR[self.quantization]
+        if self.model.storageUri is not None and parse_capability(self.minComputeCapability) < floor:
+            raise ValueError(f"minComputeCapability must be at least {floor[0]}.{floor[1]} "
+                             f"when quantization is {self.quantization}")
         names = [override.name for override in self.poolOverrides]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"poolOverrides lists a pool more than once: {', '.join(duplicates)}")
+        if "requiredDuringSchedulingIgnoredDuringExecution" in (self.affinity.get("nodeAffinity") or {}):
+            raise ValueError("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "
+                             "operator (pool and compute capability); use preferred node affinity or pod affinity")
         return self
 
     @property
-    def min_capability(self) -> tuple[int, int]:
-        """The minimum compute capability as (major, minor)."""
-        return parse_capability(self.minComputeCapability)
+    def variants(self) -> list[Variant]:
+        """The releases to choose from, best format first (one, from storageUri, for a single-release spec)."""
+        if self.model.storageUri is not None:
+            return [Variant(quantization=self.quantization, storageUri=self.model.storageUri,
+                            minComputeCapability=self.minComputeCapability)]
+        return sorted(self.model.variants, key=lambda variant: QUANTIZATIONS.index(variant.quantization))
 
-    def replicas_for(self, pool: str) -> int:
-        """Replicas for a pool: its override, else the spec-wide value."""
+    @property
+    def min_capability(self) -> tuple[int, int]:
+        """The smallest compute capability any variant runs on, as (major, minor)."""
+        return min(variant.min_capability for variant in self.variants)
+
+    def best_variant(self, capability: tuple[int, int] | None) -> Variant | None:
+        """The best release a GPU of ``capability`` runs (unknown capability: the most tolerant one)."""
+        if capability is None:
+            return min(self.variants, key=lambda variant: variant.min_capability)
+        return next((variant for variant in self.variants if variant.min_capability <= capability), None)
+
+    def replicas_for(self, pool: str) -> tuple[int, int]:
+        """(minReplicas, maxReplicas) for a pool: its override, else autoscaling, else replicas for both."""
         override = self._override(pool)
-        return override.replicas if override and override.replicas is not None else self.replicas
+        if override and override.replicas is not None:
+            return override.replicas, override.replicas
+        low, high = (self.autoscaling.minReplicas, self.autoscaling.maxReplicas) if self.autoscaling else (
+            self.replicas, self.replicas)
+        if override and override.minReplicas is not None:
+            low = override.minReplicas
+        if override and override.maxReplicas is not None:
+            high = override.maxReplicas
+        return low, max(low, high)
 
     def gpus_for(self, pool: str) -> int:
         """GPUs per replica for a pool: its override, else the spec-wide value."""
@@ -192,6 +339,31 @@ def parse_capability(text: str) -> tuple[int, int]:
         raise ValueError(f"compute capability {text!r} is not of the form MAJOR.MINOR")
     major, minor = text.split(".")
     return int(major), int(minor)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``10m``, ``90s`` or ``1h30m``."""
+    match = re.fullmatch(DURATION_PATTERN, text)
+    if not text or match is None:
+        raise ValueError(f"duration {text!r} is not of the form 1h30m10s")
+    hours, minutes, seconds = (int(part[:-1]) if part else 0 for part in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
+
+
+def check_host_path(spec: ClefDecisionSpec, allowed_prefixes: tuple[str, ...]) -> None:
+    """Refuse a hostPath compile cache outside the operator's allow-listed prefixes (none: hostPath is off)."""
+    host_path = spec.predictor.compileCache.get("hostPath")
+    if host_path is None:
+        return
+    where = "spec.predictor.compileCache.hostPath.path"
+    path = str(host_path.get("path", ""))
+    if not allowed_prefixes:
+        raise InvalidSpecError(f"{where}: hostPath compile caches are disabled on this operator "
+                               "(the chart's operator.hostPathCachePrefixes enables them under given folders)")
+    normal = os.path.normpath(path)
+    if not path.startswith("/") or not any(
+            normal == prefix.rstrip("/") or normal.startswith(prefix.rstrip("/") + "/") for prefix in allowed_prefixes):
+        raise InvalidSpecError(f"{where}: {path!r} is not under an allowed prefix ({', '.join(allowed_prefixes)})")
 
 
 def parse_spec(spec: Mapping[str, Any]) -> ClefDecisionSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,31 @@ PREDICTORS_READY = "PredictorsReady"
 READY = "Ready"
 KSERVE_NOT_INSTALLED = "KServeNotInstalled"
 INVALID_SPEC = "InvalidSpec"
+POOL_FAILED = "PoolFailed"
+
+# status.pools[].state: what the operator does about the pool.
+SERVING = "Serving"  # eligible; its InferenceService exists and matches the spec
+PENDING = "Pending"  # eligible, but InferenceServices cannot be created yet (KServe missing)
+DEGRADED = "Degraded"  # not eligible right now; its InferenceService is kept until removalAt
+INELIGIBLE = "Ineligible"  # not eligible; no InferenceService
+FAILED = "Failed"  # the API server refused a write for this pool (predictorMessage says why); retried
+CONFLICT = "Conflict"  # the InferenceService name is held by an object this ClefDecision does not own
+# status.pools[].predictorReason of a Conflict.
+NAME_COLLISION = "NameCollision"  # held by another ClefDecision's InferenceService
+NAME_TAKEN = "NameTaken"  # held by an InferenceService no ClefDecision owns
+
+
+def format_time(moment: datetime.datetime) -> str:
+    """A UTC time as Kubernetes writes it (RFC 3339, seconds, Z)."""
+    return moment.astimezone(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: str | None) -> datetime.datetime | None:
+    """The inverse of format_time (None for a missing or malformed value)."""
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
 def inferenceservice_ready(isvc: Mapping[str, Any] | None) -> tuple[bool, str]:
@@ -30,11 +56,15 @@ def inferenceservice_ready(isvc: Mapping[str, Any] | None) -> tuple[bool, str]:
 def build_pool_status(
     decision: PoolDecision,
     *,
+    state: str,
     isvc_name: str | None,
     isvc: Mapping[str, Any] | None,
-    conflict: str | None = None,
+    message: str | None = None,
+    predictor_reason: str | None = None,
+    degraded_since: str | None = None,
+    removal_at: str | None = None,
 ) -> dict[str, Any]:
-    """One status.pools[] entry: eligibility with its reason, the GPU found, and the predictor's state."""
+    """One status.pools[] entry: eligibility with its reason, the GPU and release, and the predictor's state."""
     entry: dict[str, Any] = {
         "name": decision.pool.name,
         "labelKey": decision.pool.label_key,
@@ -42,14 +72,24 @@ def build_pool_status(
         "eligible": decision.eligible,
         "reason": decision.reason,
         "message": decision.message,
+        "state": state,
         "gpu": decision.gpu.as_status(),
         "ready": False,
     }
-    if not decision.eligible:
+    if decision.variant is not None and decision.eligible:
+        entry["variant"] = {"quantization": decision.variant.quantization, "storageUri": decision.variant.storageUri}
+    if isvc_name is not None:
+        entry["inferenceService"] = isvc_name
+    if degraded_since is not None:
+        entry["degradedSince"] = degraded_since
+    if removal_at is not None:
+        entry["removalAt"] = removal_at
+    if predictor_reason is not None:
+        entry["predictorReason"] = predictor_reason
+    if message is not None:
+        entry["predictorMessage"] = message
         return entry
-    entry["inferenceService"] = isvc_name
-    if conflict is not None:
-        entry["predictorMessage"] = conflict
+    if state not in (SERVING, DEGRADED):
         return entry
     ready, why = inferenceservice_ready(isvc)
     entry["ready"] = ready
@@ -91,13 +131,14 @@ def build_status(
     """
     before = list((previous or {}).get("conditions") or [])
     eligible = [pool for pool in pools if pool["eligible"]]
+    degraded = [pool for pool in pools if pool.get("state") == DEGRADED]
     ready = [pool for pool in eligible if pool["ready"]]
     if invalid_spec is not None:
         pools_cond = ("Unknown", INVALID_SPEC, "the spec does not validate")
         predictors_cond = ("Unknown", INVALID_SPEC, "the spec does not validate")
         ready_cond = ("False", INVALID_SPEC, invalid_spec)
     else:
-        pools_cond = _pools_condition(pools, eligible, unpooled)
+        pools_cond = _pools_condition(pools, eligible, degraded, unpooled)
         predictors_cond = _predictors_condition(eligible, ready, kserve_installed)
         if pools_cond[0] == "True" and predictors_cond[0] == "True":
             ready_cond = ("True", READY, f"{len(ready)}/{len(eligible)} predictors ready")
@@ -121,8 +162,15 @@ def build_status(
 
 
 def _pools_condition(
-    pools: Sequence[Mapping[str, Any]], eligible: Sequence[Mapping[str, Any]], unpooled: Sequence[str]
+    pools: Sequence[Mapping[str, Any]],
+    eligible: Sequence[Mapping[str, Any]],
+    degraded: Sequence[Mapping[str, Any]],
+    unpooled: Sequence[str],
 ) -> tuple[str, str, str]:
+    held = "; ".join(f"{pool['name']} degraded ({pool['reason']}), kept until {pool.get('removalAt')}"
+                     for pool in degraded)
+    if not eligible and degraded:
+        return "False", "PoolsDegraded", held
     if not pools:
         extra = f" ({len(unpooled)} GPU nodes carry no pool label: {', '.join(unpooled)})" if unpooled else ""
         return "False", "NoGPUNodePools", f"no GPU node pools found{extra}"
@@ -133,6 +181,8 @@ def _pools_condition(
     message = f"{len(eligible)} of {len(pools)} GPU node pools eligible: {_names(eligible)}"
     if ineligible:
         message += f"; not eligible: {details}"
+    if degraded:
+        message += f"; {held}"
     return "True", "EligiblePoolsFound", message
 
 
@@ -146,6 +196,12 @@ def _predictors_condition(
         )
     if not eligible:
         return "False", "NoPredictors", "no eligible node pool, so no InferenceService"
+    failing = [pool for pool in eligible if pool.get("state") in (FAILED, CONFLICT)]
+    if failing:
+        details = "; ".join(f"{pool['name']}: {pool.get('predictorMessage', '')}" for pool in failing)
+        reason = POOL_FAILED if any(pool["state"] == FAILED for pool in failing) else str(
+            failing[0].get("predictorReason", CONFLICT))
+        return "False", reason, f"{len(ready)}/{len(eligible)} InferenceServices ready; failing: {details}"
     if len(ready) == len(eligible):
         return "True", "AllPredictorsReady", f"{len(ready)}/{len(eligible)} InferenceServices ready"
     waiting = "; ".join(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -10,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from clef_contract.predictor import COMPILE_CACHE_ENV
+from clef_contract.container import DEFAULT_REQUESTS, predictor_container, predictor_volumes
 from clef_operator.spec import CACHE_VOLUME_SOURCES
-from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, run_helm
+from tests.deploy.chart import ALL_ON_VALUES, CHART, NAMESPACE, RELEASE, REPO, run_helm
 from tests.deploy.conftest import Render
 
 STANDARD_LABELS = (
@@ -65,6 +66,10 @@ def test_helm_lint_strict(values: list) -> None:
         (["servingRuntime.compileCache.configMap.name=c"], "invalid propertyName 'configMap'"),
         (["servingRuntime.compileCache.emptyDir.medium=", "servingRuntime.compileCache.hostPath.path=/x"],
          "/servingRuntime/compileCache"),
+        (["operator.extraArgs={--standalone}"], "/operator/extraArgs/0"),
+        (["operator.extraArgs={--peering=other}"], "/operator/extraArgs/0"),
+        (["operator.hostPathCachePrefixes={/}"], "/operator/hostPathCachePrefixes/0"),
+        (["networkPolicy.enabled=true"], "needs networkPolicy.namespaces"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(sets: list[str], message: str) -> None:
@@ -80,6 +85,8 @@ def test_default_release_objects(rendered_default: list[dict[str, Any]]) -> None
         ("ServiceAccount", "clef-serving", NAMESPACE),
         ("ClusterRole", "clef-serving-operator-cluster", None),
         ("ClusterRoleBinding", "clef-serving-operator-cluster", None),
+        ("ClusterRole", "clef-serving-view", None),
+        ("ClusterRole", "clef-serving-edit", None),
         ("Deployment", "clef-serving-operator", NAMESPACE),
     }
 
@@ -97,6 +104,10 @@ def test_all_on_release_objects(rendered_all_on: list[dict[str, Any]]) -> None:
         ("RoleBinding", "clef-serving-all-on-operator", "team-b"),
         ("Deployment", "clef-serving-all-on-operator", NAMESPACE),
         ("ServingRuntime", "clef-runtime", NAMESPACE),
+        ("ClusterRole", "clef-serving-all-on-view", None),
+        ("ClusterRole", "clef-serving-all-on-edit", None),
+        ("NetworkPolicy", "clef-serving-all-on-predictors", "team-a"),
+        ("NetworkPolicy", "clef-serving-all-on-predictors", "team-b"),
     }
 
 
@@ -147,7 +158,7 @@ def test_operator_args_follow_namespace_scoping(
     all_on = one(rendered_all_on, "Deployment")
     args = all_on["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["--namespace=team-a", "--namespace=team-b", "--liveness-port=9090", "--peering=clef-peers",
-                    "--verbose"]
+                    "--allow-host-path-prefix=/var/cache/clef", "--verbose"]
     assert all_on["spec"]["replicas"] == 2
 
 
@@ -188,31 +199,59 @@ def test_existing_service_account_without_rbac(render: Render) -> None:
 
 
 def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[str, Any]]) -> None:
+    """The runtime's container and volumes are the contract's (the operator's), with the chart's values."""
     runtime = one(rendered_all_on, "ServingRuntime")
-    (container,) = runtime["spec"]["containers"]
-    assert container["name"] == "kserve-container"
-    assert container["image"] == "registry.example.com/clef/clef-predictor:0.1.0-test"
-    assert container["args"] == [
-        "--model-dir=/mnt/models",
-        "--model-name={{.Name}}",
-        "--engine=vllm",
-        "--dp=2",
-        "--max-model-len=4096",
-        "--http_port=8080",
-        "--log-level=debug",
-    ]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v1/models/{{.Name}}"
+    values = yaml.safe_load(ALL_ON_VALUES.read_text())["servingRuntime"]
+    gpus = str(values["gpus"])
+    resources = {part: {**values["resources"][part], "nvidia.com/gpu": gpus} for part in ("requests", "limits")}
+    expected = predictor_container(
+        image="registry.example.com/clef/clef-predictor:0.1.0-test", model_name="{{.Name}}", dp=gpus,
+        max_model_len=str(values["maxModelLen"]), resources=resources, extra_args=values["extraArgs"])
+    assert runtime["spec"]["containers"] == [expected]
+    assert runtime["spec"]["volumes"] == predictor_volumes(compile_cache=values["compileCache"])
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
-    assert container["env"] == [{"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()]
-    assert container["volumeMounts"] == [
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "compile-cache", "mountPath": "/var/cache/clef"},
-    ]
-    assert runtime["spec"]["volumes"] == [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-        {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
-    ]
+
+
+def test_serving_runtime_default_requests_are_the_operators() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["servingRuntime"]["resources"]["requests"] == DEFAULT_REQUESTS
+
+
+def test_serving_runtime_template_is_generated_from_the_contract() -> None:
+    """templates/servingruntime.yaml is what scripts/render_servingruntime.py writes (never edited by hand)."""
+    script = REPO / "scripts" / "render_servingruntime.py"
+    spec = importlib.util.spec_from_file_location("render_servingruntime", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    template = CHART / "templates" / "servingruntime.yaml"
+    assert template.read_text() == module.render(), (
+        "the ServingRuntime template is stale: run `.venv/bin/python scripts/render_servingruntime.py`")
+
+
+def test_pod_labels_are_not_repeated(rendered_all_on: list[dict[str, Any]]) -> None:
+    """Each label key appears once in the operator's pod template (helm would keep the last silently)."""
+    text = run_helm("template", RELEASE, str(CHART), "--values", str(ALL_ON_VALUES),
+                    "--show-only", "templates/deployment.yaml").stdout
+    template_labels = text.split("template:", 1)[1].split("spec:", 1)[0]
+    keys = [line.split(":", 1)[0].strip() for line in template_labels.splitlines() if line.startswith(" " * 8)]
+    assert len(keys) == len(set(keys)), keys
+    pod = one(rendered_all_on, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = one(rendered_all_on, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod.items()
+
+
+def test_aggregated_roles_and_network_policy(rendered_all_on: list[dict[str, Any]]) -> None:
+    roles = {o["metadata"]["name"]: o for o in rendered_all_on if o["kind"] == "ClusterRole"}
+    view, edit = roles["clef-serving-all-on-view"], roles["clef-serving-all-on-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {"get", "list", "watch"} == set(view["rules"][0]["verbs"])
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    policy = next(o for o in rendered_all_on if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "clef-predictor"}}
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}}}]
 
 
 def render_notes(tmp_path: pathlib.Path, values: list[pathlib.Path]) -> str:

@@ -15,7 +15,7 @@ import tomllib
 import pytest
 
 from clef_operator.builders import build_predictor_container
-from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_UID
+from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_UID
 from clef_operator.spec import parse_spec
 from tests.deploy.chart import REPO
 
@@ -80,6 +80,9 @@ def test_predictor_user_is_the_operators_fsgroup() -> None:
     assert useradd is not None, "predictor.Dockerfile creates no user"
     uid = re.search(r"(?:--uid|-u)[ =](\d+)", useradd.group(0))
     assert uid is not None and int(uid.group(1)) == PREDICTOR_UID, useradd.group(0)
+    # $HOME is a writable scratch volume in the pods (their root filesystem is read-only).
+    assert f"--home-dir {PREDICTOR_HOME}" in useradd.group(0)
+    assert ("ENV", f"HOME={PREDICTOR_HOME}") in instructions("predictor.Dockerfile")
 
 
 def test_operator_entrypoint() -> None:

@@ -111,7 +111,8 @@ async def run_scenario(cluster: Cluster) -> None:
 
     async def all_updated() -> bool:
         items = await cluster.items(isvcs)
-        return len(items) == 2 and all("4096" in i["spec"]["predictor"]["containers"][0]["args"] for i in items)
+        return len(items) == 2 and all(
+            "--max-model-len=4096" in i["spec"]["predictor"]["containers"][0]["args"] for i in items)
 
     async def ready() -> bool:
         status = (await cluster.get(f"{decisions}/clef")).get("status") or {}
@@ -123,8 +124,22 @@ async def run_scenario(cluster: Cluster) -> None:
         "apiVersion": "clef-serving.io/v1alpha1",
         "kind": "ClefDecision",
         "metadata": {"name": "clef", "namespace": NS},
-        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, "nodePools": {"removalGracePeriod": "1s"}},
     })
+    await eventually(lambda: is_(["clef-h100-pool"]))
+    # A name held by someone else: the operator reads who holds it, and takes it once it is freed.
+    await cluster.create(isvcs, {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+                                 "metadata": {"name": "clef-b200-pool", "namespace": NS}, "spec": {}})
+    await cluster.create(NODES, gpu_node("b200-a", "b200-pool", product="NVIDIA-B200", major=10, minor=0))
+
+    async def conflict_reported() -> bool:
+        status = (await cluster.get(f"{decisions}/clef")).get("status") or {}
+        return any(pool.get("state") == "Conflict" for pool in status.get("pools", []))
+
+    await eventually(conflict_reported)
+    await cluster.delete(f"{isvcs}/clef-b200-pool")
+    await eventually(lambda: _owned(cluster, f"{isvcs}/clef-b200-pool"))
+    await cluster.delete(f"{NODES}/b200-a")
     await eventually(lambda: is_(["clef-h100-pool"]))
     await cluster.create(NODES, gpu_node("l4-a", "l4-pool", product="NVIDIA-L4", major=8, minor=9, gpus=4))
     await eventually(lambda: is_(["clef-h100-pool", "clef-l4-pool"]))
@@ -141,6 +156,11 @@ async def run_scenario(cluster: Cluster) -> None:
     await cluster.delete(f"{decisions}/clef")
     await eventually(lambda: is_([]))
 
+
+
+async def _owned(cluster: Cluster, path: str) -> bool:
+    items = [i for i in await cluster.items(path.rsplit("/", 1)[0]) if i["metadata"]["name"] == path.rsplit("/", 1)[1]]
+    return bool(items and items[0]["metadata"].get("ownerReferences"))
 
 
 def operator_requests(emulator: ClusterEmulator) -> list[tuple[Grant, str | None]]:
@@ -167,7 +187,8 @@ def expand(rules: list[dict[str, Any]]) -> set[Grant]:
 
 def granted(objects: list[dict[str, Any]]) -> tuple[set[Grant], dict[str, set[Grant]]]:
     """The grants of the rendered ClusterRole, and of the Role in each namespace."""
-    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"
+                       and o["metadata"]["name"].endswith("-operator-cluster")]
     roles = {o["metadata"]["namespace"]: expand(o["rules"]) for o in objects if o["kind"] == "Role"}
     return expand(cluster_role["rules"]), roles
 

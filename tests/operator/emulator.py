@@ -28,6 +28,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     """KubernetesEmulator plus the server-side behaviour kopf relies on."""
 
     _versions: Iterable[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # Injected refusals: (METHOD, resource plural, object name) -> (HTTP status, message), as a quota or an
+    # admission webhook would answer (the emulator has neither).
+    refusals: dict[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict, init=False)
 
     def add_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CustomResourceDefinition's versions in discovery (as if the API server registered it)."""
@@ -47,6 +50,22 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """Every request served so far as (METHOD, path?query)."""
         return [(str(r.method.value), str(r.url.path_qs)) for r in self._requests]
 
+    def operator_writes(
+        self, plural: str, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)
+    ) -> list[tuple[str, str]]:
+        """(METHOD, object name) of each write to ``plural`` the operator (not the test) sent, in order."""
+        writes = []
+        for r in self._requests:
+            if r.headers.get("User-Agent", "").startswith(exclude_user_agents) or r.resource is None:
+                continue
+            method = str(r.method.value)
+            if r.resource.plural == plural and method in ("POST", "PATCH", "PUT", "DELETE") and r.subresource is None:
+                name = r.name
+                if name is None and isinstance(r.data, dict):
+                    name = (r.data.get("metadata") or {}).get("name")
+                writes.append((method, str(name or "")))
+        return writes
+
     def rbac_requests(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> set[tuple[str, str, str]]:
         """The (apiGroup, resource[/subresource], verb) triples the served requests need.
 
@@ -57,6 +76,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         )
 
     async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and request.resource.plural:
+            name = request.name or (((request.data or {}).get("metadata") or {}).get("name")
+                                    if isinstance(request.data, dict) else None)
+            refusal = self.refusals.get((str(request.method.value), request.resource.plural, str(name)))
+            if refusal is not None:
+                raise kmock.KubernetesError(status=refusal[0], reason="Refused", message=refusal[1])
         if request.resource is not None and request.action is not None:
             async with self._lock:
                 self._prepare(request)

@@ -173,7 +173,7 @@ async def running_operator(**kwargs: Any) -> AsyncIterator[asyncio.Task[None]]:
         clusterwide=kwargs.pop("clusterwide", True),
         standalone=True,
         settings=kwargs.pop("settings", None) or fast_settings(),
-        memo=kopf.Memo(),
+        memo=kwargs.pop("memo", None) or kopf.Memo(),
         stop_flag=stop,
         ready_flag=ready,
         **kwargs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -9,7 +10,6 @@ import kopf
 import pytest
 
 from clef_operator import builders as b
-from clef_operator.constants import SPEC_HASH_ANNOTATION
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
 
@@ -47,32 +47,55 @@ def test_predictor_contract() -> None:
     assert container["name"] == "kserve-container"
     assert container["command"] == ["python", "-m", "predictor"]
     assert container["args"] == [
-        "--model-dir", "/mnt/models", "--model-name", "clef-flash", "--engine", "vllm", "--dp", "4",
-        "--max-model-len", "4096", "--http_port", "8080", "--log-level=debug",
+        "--model-dir=/mnt/models", "--model-name=clef-flash", "--engine=vllm", "--dp=4",
+        "--max-model-len=4096", "--http_port=8080", "--host=0.0.0.0", "--log-level=debug",
     ]
     assert container["env"] == [
-        {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
         {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/clef/inductor"},
         {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
         {"name": "TRITON_CACHE_AUTOTUNING", "value": "1"},
+        {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
     ]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    assert container["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
+                                      "limits": {"nvidia.com/gpu": "4"}}
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "compile-cache", "mountPath": "/var/cache/clef"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": "/home/clef"},
     ]
 
 
-def test_probes_wait_for_warm_up() -> None:
+def test_container_is_restricted_and_read_only() -> None:
+    """What the Pod Security Standard `restricted` checks, with writable volumes where the predictor writes."""
+    container = _isvc()["spec"]["predictor"]["containers"][0]
+    assert container["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def test_probes_wait_for_warm_up_and_liveness_checks_the_process() -> None:
     container = _isvc()["spec"]["predictor"]["containers"][0]
     for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/v1/models/clef-flash", "port": 8080, "scheme": "HTTP"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": 8080, "scheme": "HTTP"}
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
     custom = _isvc(predictor={"startupProbe": {"periodSeconds": 20, "failureThreshold": 270}})
     assert custom["spec"]["predictor"]["containers"][0]["startupProbe"]["failureThreshold"] == 270
+
+
+def test_api_keys_come_from_the_named_secret() -> None:
+    predictor = _isvc(predictor={"apiKeySecret": {"name": "clef-keys"}})["spec"]["predictor"]
+    container = predictor["containers"][0]
+    assert "--api-key-file=/etc/clef/api-keys/keys" in container["args"]
+    assert {"name": "api-keys", "mountPath": "/etc/clef/api-keys", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "api-keys", "secret": {"secretName": "clef-keys", "items": [{"key": "keys", "path": "keys"}],
+                                           "defaultMode": 0o440}} in predictor["volumes"]
+    assert not any(arg.startswith("--api-key-file") for arg in _isvc()["spec"]["predictor"]["containers"][0]["args"])
 
 
 def test_pod_placement_and_shm() -> None:
@@ -84,6 +107,8 @@ def test_pod_placement_and_shm() -> None:
     assert predictor["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
         {"name": "compile-cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
     assert "tolerations" not in _isvc()["spec"]["predictor"]
 
@@ -92,7 +117,8 @@ def test_pod_security_context_makes_volumes_writable_by_the_predictor() -> None:
     # The image's group (docker/predictor.Dockerfile) owns the volumes Kubernetes can manage, so the
     # compile cache on a fresh emptyDir or claim is writable by the non-root predictor.
     predictor = _isvc()["spec"]["predictor"]
-    assert predictor["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert predictor["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch",
+                                            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     # Knative Serving rejects a pod securityContext unless its podspec-securitycontext feature is on.
     assert "securityContext" not in _isvc(deploymentMode="Knative")["spec"]["predictor"]
 
@@ -105,7 +131,7 @@ def test_pod_security_context_makes_volumes_writable_by_the_predictor() -> None:
 def test_compile_cache_volume_is_the_specs_source(source: dict[str, Any]) -> None:
     spec = _spec(predictor={"compileCache": source})
     predictor = b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
-    assert predictor["volumes"] == [
+    assert predictor["volumes"][:2] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
         {"name": "compile-cache", **source},
     ]
@@ -117,7 +143,7 @@ def test_pool_overrides_and_metadata() -> None:
     body = _isvc(poolOverrides=[{"name": "h100-pool", "replicas": 2, "gpusPerReplica": 8}],
                  deploymentMode="Knative", predictor={"resources": {"requests": {"cpu": "8"}}})
     predictor = body["spec"]["predictor"]
-    assert predictor["minReplicas"] == 2 and "8" in predictor["containers"][0]["args"]
+    assert predictor["minReplicas"] == 2 and "--dp=8" in predictor["containers"][0]["args"]
     assert predictor["containers"][0]["resources"]["requests"] == {"cpu": "8", "nvidia.com/gpu": "8"}
     assert body["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
     assert body["metadata"]["labels"]["clef-serving.io/decision"] == "clef"
@@ -134,17 +160,83 @@ def test_adopted_by_its_clefdecision() -> None:
                    "uid": "u-1", "controller": True, "blockOwnerDeletion": True}
 
 
-def test_spec_hash_tracks_managed_fields_only() -> None:
-    def stamped(**extra: Any) -> str:
-        return b.stamp_spec_hash(_isvc(**extra))["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+def test_drift_is_judged_on_managed_fields_only() -> None:
+    desired = _isvc()
+    live = copy.deepcopy(desired)
+    # What others add (KServe's defaults, foreign labels, status) is not drift.
+    live["spec"]["predictor"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+    live["spec"]["predictor"]["timeout"] = 60
+    live["metadata"]["labels"]["team"] = "ml"
+    live["status"] = {"url": "http://x"}
+    assert not b.drifted(live, desired)
+    for edit in (
+        lambda o: o["spec"]["predictor"].update(minReplicas=7),
+        lambda o: o["spec"]["predictor"]["containers"][0]["args"].append("--debug"),
+        lambda o: o["spec"]["predictor"]["containers"][0]["env"].pop(),
+        lambda o: o["metadata"]["labels"].pop("clef-serving.io/pool"),
+        lambda o: o["spec"]["predictor"].pop("affinity"),
+    ):
+        changed = copy.deepcopy(live)
+        edit(changed)
+        assert b.drifted(changed, desired)
 
-    assert stamped() == stamped()
-    assert stamped(predictor={"maxModelLen": 2048}) != stamped()
-    assert stamped(predictor={"compileCache": {"persistentVolumeClaim": {"claimName": "cache"}}}) != stamped()
+
+def test_names_are_unique_per_label_key_and_sticky() -> None:
+    gke, karpenter = ("cloud.google.com/gke-nodepool", "gpu"), ("karpenter.sh/nodepool", "gpu")
+    names = b.assign_names("clef", [karpenter, gke], {}, None)
+    assert names[gke] == "clef-gpu" and names[karpenter].startswith("clef-gpu-") and len(set(names.values())) == 2
+    # A pool keeps the name it has, whichever pools appear later.
+    kept = b.assign_names("clef", [gke, karpenter], {karpenter: "clef-gpu"}, None)
+    assert kept[karpenter] == "clef-gpu" and kept[gke] != "clef-gpu"
+
+
+def test_capability_affinity_admits_exactly_the_capable_nodes() -> None:
+    def admitted(affinity: dict[str, Any], major: int, minor: int) -> bool:
+        labels = {"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        ops = {"Gt": lambda v, x: int(v) > int(x[0]), "In": lambda v, x: str(v) in x}
+        return any(all(ops[e["operator"]](labels[e["key"]], e["values"]) for e in t["matchExpressions"])
+                   for t in terms)
+
+    fp8 = b.capability_affinity((8, 9))
+    assert [admitted(fp8, *cc) for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]] == [
+        False, False, True, True, True, True]
+    nvfp4 = b.capability_affinity((10, 0))
+    assert [admitted(nvfp4, *cc) for cc in [(9, 0), (10, 0), (12, 0)]] == [False, True, True]
+
+
+def test_controls_reach_the_predictor() -> None:
+    body = _isvc(
+        autoscaling={"minReplicas": 1, "maxReplicas": 4, "scaleMetric": "concurrency", "scaleTarget": 8},
+        serviceAccountName="clef-reader", imagePullSecrets=[{"name": "regcred"}], priorityClassName="serving",
+        affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        predictor={"env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+                   "envFrom": [{"secretRef": {"name": "s3-credentials"}}]},
+    )
+    predictor = body["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 4)
+    assert (predictor["scaleMetric"], predictor["scaleTarget"]) == ("concurrency", 8)
+    assert predictor["serviceAccountName"] == "clef-reader"
+    assert predictor["imagePullSecrets"] == [{"name": "regcred"}]
+    assert predictor["priorityClassName"] == "serving"
+    assert set(predictor["affinity"]) == {"podAntiAffinity", "nodeAffinity"}
+    container = predictor["containers"][0]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+
+
+def test_keda_scales_on_the_predictors_own_metric() -> None:
+    body = _isvc(autoscaling={"minReplicas": 1, "maxReplicas": 8, "keda": {
+        "metric": "clef_queue_depth", "target": "4", "serverAddress": "http://prometheus.monitoring:9090"}})
+    assert body["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "keda"
+    (metric,) = body["spec"]["predictor"]["autoScaling"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"]["query"].startswith("sum(clef_queue_depth{")
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "4"}
 
 
 def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
-    desired = b.stamp_spec_hash(_isvc(predictor={"maxModelLen": 2048}))
+    desired = _isvc(predictor={"maxModelLen": 2048})
     current = {"metadata": {"resourceVersion": "7", "labels": {"team": "ml"}, "annotations": {"note": "x"}},
                "spec": {"predictor": {"old": True}}}
     ops = b.build_update_patch(current, desired)
@@ -162,3 +254,7 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
     args = cli.build_parser().parse_args(container["args"])
     assert (str(args.model_dir), args.model_name, args.engine, args.dp, args.max_model_len, args.http_port) == (
         "/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
+    # --host and --api-key-file come with the predictor's API-key support: this check needs it merged.
+    assert args.host == "0.0.0.0"
+    keyed = _isvc(predictor={"apiKeySecret": {"name": "clef-keys"}})["spec"]["predictor"]["containers"][0]
+    assert str(cli.build_parser().parse_args(keyed["args"]).api_key_file) == "/etc/clef/api-keys/keys"

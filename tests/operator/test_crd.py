@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ def _model_defaults(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name, field in model.model_fields.items():
         annotation = field.annotation
+        # Optional sub-objects (`Keda | None`) have defaults of their own too.
+        annotation = next((arg for arg in typing.get_args(annotation) if arg is not type(None)), annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             found.update(_model_defaults(annotation, f"{prefix}{name}."))
         elif not field.is_required() and field.default is not None and field.default_factory is None:
@@ -88,6 +91,11 @@ def test_schema_rejects_bad_input(crd: dict[str, Any]) -> None:
     assert any(p.startswith("spec.quantization") for p in problems)
     assert any(p.startswith("spec.model.storageUri") for p in problems)
     assert errors(validator, {**EXAMPLE, "spec": {**EXAMPLE["spec"], "typo": 1}})
+    lots = {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": {"resources": {"requests": {"cpu": "lots"}}}}}
+    assert any(p.startswith("spec.predictor.resources.requests.cpu") for p in errors(validator, lots))
+    quantities = {"resources": {"requests": {"cpu": "500m", "memory": 64}}}
+    fine = {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": quantities}}
+    assert errors(validator, fine) == []
 
 
 def test_compile_cache_is_one_volume_source(crd: dict[str, Any]) -> None:
@@ -116,11 +124,11 @@ def test_cel_rules_cover_dependent_fields(crd: dict[str, Any]) -> None:
 def test_built_inferenceservices_match_kserve_schema() -> None:
     if not KSERVE_CRD.exists():
         pytest.skip(f"KServe's InferenceService CRD is not available at {KSERVE_CRD}")
-    from clef_operator.builders import build_inferenceservice, stamp_spec_hash
+    from clef_operator.builders import build_inferenceservice
     from clef_operator.pools import NodePool
 
     validator = crd_validator(load_crd(KSERVE_CRD), "v1beta1")
     for spec in (EXAMPLE["spec"], {"model": {"storageUri": "pvc://models/clef"}, "deploymentMode": "Knative"}):
         body = build_inferenceservice(decision="clef", namespace="ml", spec=parse_spec(spec),
                                       pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()))
-        assert errors(validator, stamp_spec_hash(body)) == []
+        assert errors(validator, body) == []

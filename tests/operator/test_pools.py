@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from clef_operator import pools as p
+from clef_operator.spec import parse_spec
 from tests.operator.harness import gpu_node
 
 
@@ -15,9 +16,14 @@ def _pools(*nodes: dict[str, Any], label_key: str | None = None) -> list[p.NodeP
     return p.group_into_pools(summaries, label_key)[0]
 
 
-def _evaluate(pool: p.NodePool, **kwargs: Any) -> p.PoolDecision:
-    options: dict[str, Any] = {"min_capability": (8, 9), "allow_unverified": False, "gpus_per_replica": 1}
-    return p.evaluate_pool(pool, **{**options, **kwargs})
+def _evaluate(pool: p.NodePool, *, min_capability: tuple[int, int] = (8, 9), allow_unverified: bool = False,
+              gpus_per_replica: int = 1, include: Any = (), exclude: Any = ()) -> p.PoolDecision:
+    spec = parse_spec({
+        "model": {"storageUri": "s3://m/clef"}, "quantization": "fp8" if min_capability >= (8, 9) else "bf16",
+        "minComputeCapability": f"{min_capability[0]}.{min_capability[1]}", "allowUnverifiedPools": allow_unverified,
+        "gpusPerReplica": gpus_per_replica, "nodePools": {"include": list(include), "exclude": list(exclude)},
+    })
+    return p.evaluate_pool(pool, spec)
 
 
 @pytest.mark.parametrize(("major", "minor", "product"), [
@@ -46,24 +52,55 @@ def test_missing_labels_refused_unless_allowed() -> None:
     assert allowed.eligible and allowed.reason == p.UNVERIFIED_ALLOWED
 
 
-def test_mixed_pool_is_judged_by_its_weakest_node() -> None:
+def test_mixed_pool_serves_on_its_capable_nodes() -> None:
     (pool,) = _pools(
         gpu_node("n1", "pool", product="NVIDIA-H100-80GB-HBM3", major=9, minor=0),
         gpu_node("n2", "pool", product="NVIDIA-A10", major=8, minor=6),
     )
     decision = _evaluate(pool)
-    assert not decision.eligible and decision.reason == p.COMPUTE_CAPABILITY_TOO_LOW
-    assert decision.gpu.capability == (8, 6)
-    assert decision.gpu.product == "NVIDIA-A10,NVIDIA-H100-80GB-HBM3"
+    assert decision.eligible and decision.reason == p.ELIGIBLE
+    assert decision.gpu.capability == (9, 0) and decision.gpu.product == "NVIDIA-H100-80GB-HBM3"
+    assert "1 of 2 nodes" in decision.message and "node affinity" in decision.message
 
 
-def test_partly_labelled_pool_needs_allow_unverified() -> None:
+def test_only_older_gpus_in_a_pool_are_refused_by_the_weakest() -> None:
+    (pool,) = _pools(
+        gpu_node("n1", "pool", product="NVIDIA-A100", major=8, minor=0),
+        gpu_node("n2", "pool", product="NVIDIA-A10", major=8, minor=6),
+    )
+    decision = _evaluate(pool)
+    assert not decision.eligible and decision.gpu.capability == (8, 0)
+
+
+def test_unlabelled_nodes_do_not_condemn_a_labelled_pool() -> None:
     (pool,) = _pools(
         gpu_node("n1", "pool", product="NVIDIA-H100-80GB-HBM3", major=9, minor=0),
         gpu_node("n2", "pool", product=None, major=None, minor=None),
     )
-    assert _evaluate(pool).reason == p.MISSING_GPU_LABELS
-    assert _evaluate(pool, allow_unverified=True).eligible
+    assert _evaluate(pool).eligible
+
+
+def test_declared_pool_without_nodes() -> None:
+    spec = parse_spec({"model": {"storageUri": "s3://m/clef"}, "nodePools": {"declared": [
+        {"name": "karp-h100", "labelKey": "karpenter.sh/nodepool", "computeCapability": "9.0", "gpusPerNode": 8},
+        {"name": "karp-a100", "labelKey": "karpenter.sh/nodepool", "computeCapability": "8.0"},
+    ]}})
+    pools, _ = p.group_into_pools([], None, spec.nodePools.declared)
+    decisions = {pool.name: p.evaluate_pool(pool, spec) for pool in pools}
+    assert decisions["karp-h100"].eligible and decisions["karp-h100"].reason == p.DECLARED
+    assert decisions["karp-h100"].gpu.capability == (9, 0) and decisions["karp-h100"].gpu.gpus_per_node == 8
+    assert not decisions["karp-a100"].eligible
+
+
+def test_fingerprint_ignores_labels_that_do_not_matter() -> None:
+    node = gpu_node("n1", "pool", product="NVIDIA-L4", major=8, minor=9)
+    before = p.node_fingerprint([p.summarize_node(node)], ())
+    node["metadata"]["labels"]["nvidia.com/gfd.timestamp"] = "1767225600"
+    node["metadata"]["labels"]["team"] = "ml"
+    assert p.node_fingerprint([p.summarize_node(node)], ()) == before
+    assert p.node_fingerprint([p.summarize_node(node)], ("team",)) != before
+    node["metadata"]["labels"]["nvidia.com/gpu.compute.minor"] = "0"
+    assert p.node_fingerprint([p.summarize_node(node)], ()) != before
 
 
 def test_mixed_pools_are_decided_independently() -> None:

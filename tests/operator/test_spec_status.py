@@ -9,7 +9,7 @@ import pytest
 from clef_operator import status as s
 from clef_operator.__main__ import build_parser
 from clef_operator.pools import GpuInfo, NodePool, PoolDecision
-from clef_operator.spec import InvalidSpecError, parse_spec
+from clef_operator.spec import InvalidSpecError, check_host_path, parse_duration, parse_spec
 
 MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
 
@@ -24,6 +24,19 @@ MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
     ({"model": MODEL, "nodePools": {"include": ["a"], "exclude": ["a"]}}, "both include and exclude"),
     ({"model": MODEL, "poolOverrides": [{"name": "a"}, {"name": "a"}]}, "more than once"),
     ({"model": MODEL, "predictor": {"resources": {"claims": {}}}}, "spec.predictor.resources"),
+    ({"model": MODEL, "predictor": {"resources": {"requests": {"cpu": "lots"}}}},
+     "spec.predictor.resources.requests.cpu: Value error, 'lots' is not a Kubernetes quantity"),
+    ({"model": MODEL, "predictor": {"shmSize": "big"}}, "spec.predictor.shmSize"),
+    ({"model": MODEL, "predictor": {"extraArgs": ["--host=127.0.0.1"]}}, "--host is set by the operator"),
+    ({"model": MODEL, "nodePools": {"removalGracePeriod": "ten minutes"}}, "spec.nodePools.removalGracePeriod"),
+    ({"model": MODEL, "nodePools": {"declared": [{"name": "k", "computeCapability": "9.0"}]}}, "needs a labelKey"),
+    ({"model": {"storageUri": "s3://a", "variants": [{"quantization": "fp8", "storageUri": "s3://b"}]}},
+     "exactly one of storageUri and variants"),
+    ({"model": {"variants": [{"quantization": "nvfp4", "storageUri": "s3://b", "minComputeCapability": "9.0"}]}},
+     "at least 10.0 for nvfp4"),
+    ({"model": MODEL, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas may not exceed"),
+    ({"model": MODEL, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+     "set by the operator"),
     ({"model": MODEL, "typo": True}, "spec.typo"),
 ])
 def test_invalid_specs_name_the_field(spec: dict[str, Any], field: str) -> None:
@@ -76,14 +89,14 @@ def _ready(status: dict[str, Any]) -> dict[str, Any]:
 
 def test_ready_only_when_every_eligible_pool_is_ready() -> None:
     pools = [
-        s.build_pool_status(_decision("a", True), isvc_name="clef-a", isvc=_isvc(True)),
-        s.build_pool_status(_decision("b", True), isvc_name="clef-b", isvc=_isvc(False)),
-        s.build_pool_status(_decision("c", False), isvc_name=None, isvc=None),
+        s.build_pool_status(_decision("a", True), state=s.SERVING, isvc_name="clef-a", isvc=_isvc(True)),
+        s.build_pool_status(_decision("b", True), state=s.SERVING, isvc_name="clef-b", isvc=_isvc(False)),
+        s.build_pool_status(_decision("c", False), state=s.INELIGIBLE, isvc_name=None, isvc=None),
     ]
     status = s.build_status(generation=3, pools=pools, now="t1")
     assert _ready(status)["status"] == "False" and status["poolsReady"] == "1/2"
     assert status["observedGeneration"] == 3
-    pools[1] = s.build_pool_status(_decision("b", True), isvc_name="clef-b", isvc=_isvc(True))
+    pools[1] = s.build_pool_status(_decision("b", True), state=s.SERVING, isvc_name="clef-b", isvc=_isvc(True))
     later = s.build_status(generation=3, pools=pools, previous=status, now="t2")
     assert _ready(later)["status"] == "True" and _ready(later)["lastTransitionTime"] == "t2"
     unchanged = s.build_status(generation=3, pools=pools, previous=later, now="t3")
@@ -93,13 +106,39 @@ def test_ready_only_when_every_eligible_pool_is_ready() -> None:
 
 def test_no_pools_kserve_missing_and_invalid() -> None:
     assert _ready(s.build_status(generation=1, pools=[], now="t"))["reason"] == "NoGPUNodePools"
-    only_bad = [s.build_pool_status(_decision("c", False), isvc_name=None, isvc=None)]
+    only_bad = [s.build_pool_status(_decision("c", False), state=s.INELIGIBLE, isvc_name=None, isvc=None)]
     assert _ready(s.build_status(generation=1, pools=only_bad, now="t"))["reason"] == "NoEligiblePools"
-    good = [s.build_pool_status(_decision("a", True), isvc_name=None, isvc=None)]
+    good = [s.build_pool_status(_decision("a", True), state=s.PENDING, isvc_name=None, isvc=None)]
     missing = s.build_status(generation=1, pools=good, kserve_installed=False, now="t")
     assert _ready(missing)["reason"] == s.KSERVE_NOT_INSTALLED
     invalid = s.build_status(generation=1, pools=[], invalid_spec="spec.x: bad", now="t")
     assert _ready(invalid)["reason"] == s.INVALID_SPEC and "spec.x" in _ready(invalid)["message"]
+
+
+def test_duration_and_host_path_policy() -> None:
+    assert parse_duration("10m") == 600 and parse_duration("1h30m5s") == 5405
+    cache = {"hostPath": {"path": "/var/cache/clef/run", "type": "DirectoryOrCreate"}}
+    spec = parse_spec({"model": MODEL, "predictor": {"compileCache": cache}})
+    with pytest.raises(InvalidSpecError, match="hostPath compile caches are disabled"):
+        check_host_path(spec, ())
+    check_host_path(spec, ("/var/cache/clef",))
+    for path in ("/var/cache/clef-other", "/var/cache/clef/../../../etc", "relative"):
+        bad = parse_spec({"model": MODEL, "predictor": {"compileCache": {"hostPath": {"path": path}}}})
+        with pytest.raises(InvalidSpecError, match=r"spec\.predictor\.compileCache\.hostPath\.path"):
+            check_host_path(bad, ("/var/cache/clef",))
+
+
+def test_variants_best_first() -> None:
+    spec = parse_spec({"model": {"variants": [
+        {"quantization": "bf16", "storageUri": "s3://m/bf16"},
+        {"quantization": "fp8", "storageUri": "s3://m/fp8"},
+        {"quantization": "nvfp4", "storageUri": "s3://m/nvfp4"},
+    ]}})
+    assert [spec.best_variant(cc).quantization for cc in [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)]] == [
+        "bf16", "fp8", "fp8", "nvfp4", "nvfp4"]
+    assert spec.min_capability == (8, 0)
+    fp8_only = parse_spec({"model": MODEL})
+    assert fp8_only.best_variant((8, 6)) is None and fp8_only.best_variant((10, 0)).quantization == "fp8"
 
 
 def test_cli_defaults() -> None:
@@ -109,3 +148,18 @@ def test_cli_defaults() -> None:
     assert args.namespace == ["a", "b"] and args.standalone
     with pytest.raises(SystemExit):
         build_parser().parse_args(["-n", "a", "--all-namespaces"])
+    assert build_parser().parse_args([]).allow_host_path_prefix == []
+    assert build_parser().parse_args(["--allow-host-path-prefix", "/var/cache/clef"]).allow_host_path_prefix == [
+        "/var/cache/clef"]
+
+
+def test_kopf_watches_and_calls_are_bounded() -> None:
+    import kopf
+
+    from clef_operator import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings, memo=kopf.Memo())
+    assert (settings.watching.server_timeout, settings.watching.client_timeout) == (300, 330)
+    assert settings.watching.connect_timeout == settings.networking.connect_timeout == 30
+    assert settings.networking.request_timeout == 60

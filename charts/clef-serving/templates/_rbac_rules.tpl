@@ -35,10 +35,10 @@
 - apiGroups: [clef-serving.io]
   resources: [clefdecisions/finalizers]
   verbs: [update]
-# One InferenceService per eligible node pool.
+# One InferenceService per eligible node pool; `get` reads the owner of one holding a wanted name.
 - apiGroups: [serving.kserve.io]
   resources: [inferenceservices]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Kubernetes Events for each decision.
 - apiGroups: [""]
   resources: [events]
