@@ -146,7 +146,7 @@ class Cluster:
         await self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", KSERVE_CRD)
 
 
-async def eventually(check: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.05) -> Any:
+async def eventually(check: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05) -> Any:
     """Await ``check()`` until it returns a truthy value (or an awaitable of one); fail after ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout
     last: Any = None
