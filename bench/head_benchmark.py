@@ -16,7 +16,6 @@ import argparse
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -25,6 +24,7 @@ from clef_head.encoder import encode_request
 from clef_head.head import JointSchemaHead
 from clef_head.request import parse_request
 from clef_tools.fullsize import FULL_HEAD
+from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE
 from clef_tools.tiny import TINY_HEAD, build_tokenizer
 from clef_tools.sample_requests import make_request
 
@@ -70,7 +70,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--vocab", type=int, default=32768, help="rows of the random lm_head (only gathered rows matter)")
+    parser.add_argument(
+        "--vocab", type=int, default=MODEL_VOCAB_SIZE, help="rows of the random lm_head (only gathered rows matter)"
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
@@ -81,7 +83,7 @@ def main() -> None:
     config = SHAPES[args.shape]
     device = torch.device(args.device)
     head = JointSchemaHead.from_config(config).to(device=device, dtype=dtype).eval()
-    tokenizer = build_tokenizer(Path("."))
+    tokenizer = build_tokenizer()
     rng = random.Random(0)
     encoded = [
         encode_request(tokenizer, parse_request(make_request(rng, questions=rng.randint(1, 8))))

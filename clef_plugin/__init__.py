@@ -2,31 +2,44 @@
 
 Importing this package does not import vLLM; :func:`register` (vLLM's ``vllm.general_plugins``
 entry point) registers the architecture lazily, by a ``module:Class`` string.
+
+The FP8 model card's client names work too: ``ARCHITECTURE``, ``TASK`` and ``schema_layout`` (its
+layout under ``PoolingParams.extra_kwargs["clef_questions"]``), and its architecture name
+``ClefFlashForDecision`` is registered as well, so its offline snippet runs with only its import
+line changed (``from clef_plugin import ARCHITECTURE, TASK, schema_layout``).
 """
 
 from clef_plugin.api import engine_kwargs, option_logits, pooling_params, score_requests
-from clef_plugin.names import ARCHITECTURE, LAYOUT_KEY, MODEL_CLASS, POOLING_TASK
+from clef_plugin.card import schema_layout
+from clef_plugin.names import ARCHITECTURE, CARD_ARCHITECTURE, LAYOUT_KEY, MODEL_CLASS, POOLING_TASK
+
+TASK: str = POOLING_TASK
+"""The pooling task to ask for (the card's client name for it)."""
 
 __all__ = [
     "ARCHITECTURE",
+    "CARD_ARCHITECTURE",
     "LAYOUT_KEY",
     "POOLING_TASK",
+    "TASK",
     "engine_kwargs",
     "option_logits",
     "pooling_params",
     "register",
+    "schema_layout",
     "score_requests",
 ]
 
 
 def register() -> None:
-    """Register the architecture and its engine-config rules with vLLM (idempotent)."""
+    """Register the architecture (under our name and the card's) and its engine-config rules with vLLM (idempotent)."""
     from vllm import ModelRegistry
 
     from clef_plugin.compat import check_vllm_version, install_config_hook
     from clef_plugin.engine_config import ClefEngineConfig
 
     check_vllm_version()
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    install_config_hook(ARCHITECTURE, ClefEngineConfig)
+    for name in (ARCHITECTURE, CARD_ARCHITECTURE):
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, MODEL_CLASS)
+        install_config_hook(name, ClefEngineConfig)

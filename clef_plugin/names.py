@@ -11,3 +11,10 @@ POOLING_TASK: str = "token_embed"
 
 LAYOUT_KEY: str = "clef_layout"
 """Key of a request's wire layout inside ``PoolingParams.extra_kwargs``."""
+
+CARD_ARCHITECTURE: str = "ClefFlashForDecision"
+"""Architecture name of the FP8 model card's plugin: registered too, for the same model class, so that
+``hf_overrides={"architectures": ["ClefFlashForDecision"]}`` (or a release whose config names it) works."""
+
+CARD_LAYOUT_KEY: str = "clef_questions"
+"""Key under which the FP8 model card's clients put a request's layout (:mod:`clef_plugin.card` format)."""

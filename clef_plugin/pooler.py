@@ -22,7 +22,8 @@ import torch
 from clef_head.head import JointSchemaHead
 from clef_head.layout import LayoutError, RecordLayout
 from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
-from clef_plugin.names import LAYOUT_KEY, POOLING_TASK
+from clef_plugin.card import layout_from_questions
+from clef_plugin.names import CARD_LAYOUT_KEY, LAYOUT_KEY, POOLING_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,15 @@ def read_error_record(output: torch.Tensor) -> str | None:
 
 
 def request_layout(extra_kwargs: dict[str, Any] | None, prompt_length: int) -> RecordLayout:
-    """The layout a request carries under :data:`LAYOUT_KEY`, checked against its prompt length."""
-    if not extra_kwargs or LAYOUT_KEY not in extra_kwargs:
-        raise LayoutError(f"the request has no layout: PoolingParams.extra_kwargs[{LAYOUT_KEY!r}] is missing")
-    return RecordLayout.from_wire(extra_kwargs[LAYOUT_KEY], prompt_length)
+    """The layout a request carries under :data:`LAYOUT_KEY` (ours) or :data:`CARD_LAYOUT_KEY` (the
+    FP8 model card's format), checked against its prompt length."""
+    if extra_kwargs and LAYOUT_KEY in extra_kwargs:
+        return RecordLayout.from_wire(extra_kwargs[LAYOUT_KEY], prompt_length)
+    if extra_kwargs and CARD_LAYOUT_KEY in extra_kwargs:
+        return layout_from_questions(extra_kwargs[CARD_LAYOUT_KEY], prompt_length)
+    raise LayoutError(
+        f"the request has no layout: PoolingParams.extra_kwargs has neither {LAYOUT_KEY!r} nor {CARD_LAYOUT_KEY!r}"
+    )
 
 
 class JointSchemaPooler(Pooler):

@@ -10,8 +10,8 @@ of dim 128, intermediate 12288, partial rotary 0.25, interleaved mrope), a one-b
 CPU-test size. The model is created on the ``meta`` device, materialised on ``--device`` and
 initialised there with the model's own initialisers, then saved as safetensors shards.
 
-The tokenizer is the tiny release's byte-level BPE (1,024 ids); the model's vocabulary is still
-248,320, so prompts only use its first ids. Random weights measure speed, never accuracy: a marker
+The tokenizer is Qwen3.5's own (``clef_tools.qwen_vocab``), so benchmark records have the real
+token counts and tokenizer cost. Random weights measure speed, never accuracy: a marker
 file says so. ``--fp8 DIR`` also writes the FP8_DYNAMIC copy (``clef_tools.quantize``).
 """
 
@@ -27,6 +27,7 @@ import torch
 
 from clef_head.head import HeadConfig
 from clef_head.checkpoint import RANDOM_MARKER
+from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE
 from clef_tools.tiny import (
     SPECIAL_TOKENS,
     TINY_HEAD,
@@ -39,7 +40,7 @@ from clef_tools.tiny import (
 )
 
 FULL_TEXT: dict[str, Any] = dict(
-    vocab_size=248320,
+    vocab_size=MODEL_VOCAB_SIZE,
     hidden_size=4096,
     intermediate_size=12288,
     num_hidden_layers=32,
@@ -104,7 +105,7 @@ def build_release(
     path.mkdir(parents=True, exist_ok=True)
     _, head_config, shard_size = SCALES[scale]
     started = time.perf_counter()
-    tokenizer = build_tokenizer(path)
+    tokenizer = build_tokenizer()
     token_id = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     model = random_backbone(model_config(scale, token_id), target, DTYPES[dtype], seed)
     parameters = sum(p.numel() for p in model.parameters())

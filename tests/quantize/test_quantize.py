@@ -126,7 +126,7 @@ def test_refuses_bad_sources_and_destinations(tiny_release: Path, fp8_release: P
     with pytest.raises(QuantizationError, match="config.json is missing"):
         quantize_release(tmp_path, tmp_path / "out", device="cpu")
     with pytest.raises(QuantizationError, match="scheme must be one of"):
-        quantize_release(tiny_release, tmp_path / "nvfp4", scheme="NVFP4", device="cpu")
+        quantize_release(tiny_release, tmp_path / "w4a16", scheme="W4A16", device="cpu")
 
 
 def test_command_line_reports_errors_without_a_traceback(fp8_release: Path, tmp_path: Path) -> None:

@@ -1,0 +1,147 @@
+"""``clef-systemone``: the FP8 model card's command, flags and routes, on the predictor (CPU vLLM, tiny release)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from predictor import cli
+from predictor.systemone_cli import build_parser, card_model_list, predictor_argv
+from tests.predictor.conftest import REPO, STARTUP_TIMEOUT_S, Predictor, free_port, stop
+
+# The card's curl example, sent as curl sends it: the JSON text with a JSON content type.
+CARD_CURL_BODY = """{
+  "model": "clef-flash",
+  "state": "Checkout has been failing since this morning and customers cannot place orders.",
+  "questions": {
+    "team": {"type": "choice", "instructions": "Which team should take this?",
+             "criteria": {"payments": "Charges, refunds, invoices", "platform": "Errors, outages, bugs"}},
+    "urgency": {"type": "score", "criteria": ["Can wait", "This week", "Today"]},
+    "outage": {"type": "noul", "instructions": "Is a service down?"}}}"""
+
+
+def _translate(*card_args: str, parser: argparse.ArgumentParser | None = None) -> list[str]:
+    args, rest = build_parser().parse_known_args(["--model", "/models/clef", *card_args])
+    return predictor_argv(args, rest, parser or cli.build_parser())
+
+
+def _pairs(argv: list[str]) -> dict[str, str]:
+    return {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
+
+
+def test_card_flags_become_predictor_flags() -> None:
+    argv = _translate("--served-model-name", "clef", "--dp", "2", "--max-model-len", "8192", "--enforce-eager")
+    assert _pairs(argv) | {"--enforce-eager": "ok"} == {
+        "--model-dir": "/models/clef",
+        "--model-name": "clef",
+        "--http_port": "8000",
+        "--dp": "2",
+        "--max-model-len": "8192",
+        "--engine": "vllm",
+        "--enforce-eager": "ok",
+    }
+    assert argv[-1] == "--enforce-eager"  # passed through unchanged
+    assert _pairs(_translate("--engine", "transformers"))["--engine"] == "transformers"
+    assert "--tensor-parallel-size" not in _translate("--tp", "1")
+
+
+def _fake_predictor_parser(*flags: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag in flags:
+        parser.add_argument(flag)
+    return parser
+
+
+def test_host_and_tp_go_through_when_the_predictor_has_them() -> None:
+    parser = _fake_predictor_parser("--host", "--tensor-parallel-size", "--engine")
+    pairs = _pairs(_translate("--host", "127.0.0.1", "--tp", "2", parser=parser))
+    assert pairs["--host"] == "127.0.0.1" and pairs["--tensor-parallel-size"] == "2"
+
+
+@pytest.mark.parametrize(
+    "card_args, flag", [(("--host", "127.0.0.1"), "--host"), (("--tp", "2"), "--tensor-parallel-size")]
+)
+def test_host_and_tp_are_refused_when_the_predictor_lacks_them(card_args: tuple[str, str], flag: str) -> None:
+    with pytest.raises(ValueError, match=f"{card_args[0]} {card_args[1]}: this predictor has no {flag} flag"):
+        _translate(*card_args, parser=_fake_predictor_parser("--engine"))
+
+
+def test_console_script_is_declared() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["clef-systemone"] == "predictor.systemone_cli:main"
+
+
+def test_model_is_required() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "predictor.systemone_cli", "--port", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--model" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way."""
+    pytest.importorskip("vllm")
+    tmp = tmp_path_factory.mktemp("clef-systemone")
+    port = free_port()
+    log_path, stdout_path = tmp / "server.log", tmp / "server.out"
+    command = [
+        sys.executable, "-m", "predictor.systemone_cli",
+        "--model", str(tiny_release), "--port", str(port), "--served-model-name", "clef-flash",
+        "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
+        process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=env)
+    server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"clef-systemone exited with {process.returncode}:\n{server.log()[-5000:]}")
+            try:
+                status = client.get("/health").status_code
+            except httpx.TransportError:
+                time.sleep(0.5)
+                continue
+            server.rounds.append({"/health": status})
+            if status == 200:
+                server.log_at_first_ready = server.log()
+                break
+            time.sleep(0.5)
+        else:
+            stop(server)
+            raise RuntimeError(f"clef-systemone not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-5000:]}")
+    yield server
+    assert stop(server) == 0, server.log()[-3000:]
+
+
+@pytest.mark.vllm
+def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
+    assert "engine: vllm" in card_server.log()
+    assert "warm-up finished" in card_server.log_at_first_ready  # /health said 200 only after warm-up
+    assert all(item["/health"] in (200, 503) for item in card_server.rounds)
+    with httpx.Client(base_url=card_server.url, timeout=300) as client:
+        response = client.post("/v1/systemone", content=CARD_CURL_BODY, headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["model"] == "clef-flash" and body["usage"]["output_tokens"] == 0
+        assert body["answers"]["team"]["choice"] in ("payments", "platform")
+        assert set(body["answers"]["urgency"]["probabilities"]) == {"0", "1", "2"}
+        assert 0 <= body["answers"]["outage"]["noul"] <= 1
+        assert client.get("/v1/models").json() == card_model_list("clef-flash")
+        assert client.get("/jev/v1/models").json()["models"][0]["name"] == "clef-flash"
+        assert client.get("/health").status_code == 200
+        refused = client.post("/v1/systemone", json={**json.loads(CARD_CURL_BODY), "model": "other"})
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
