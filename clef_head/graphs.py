@@ -185,6 +185,7 @@ class _Captured(NamedTuple):
     inputs: StaticInputs
     graph: torch.cuda.CUDAGraph | None
     output: torch.Tensor | None
+    table: int | None  # address of the lm_head table the graph reads (baked into the graph)
 
 
 class GraphedHead:
@@ -192,6 +193,8 @@ class GraphedHead:
 
     Called like the head. ``graphs=False`` runs the static pass eagerly instead of capturing it (same
     inputs, same kernels). Graphs are captured on first use of a bucket; :attr:`captures` counts them.
+    A graph reads the head's parameters and the lm_head table at the addresses they had when it was
+    captured: a bucket's graph is captured again when a call passes a table at another address.
     """
 
     def __init__(self, head: JointSchemaHead, graphs: bool = True) -> None:
@@ -235,7 +238,7 @@ class GraphedHead:
         inputs.hidden[:length].copy_(hidden)
         if not self.graphs:
             return static_forward(self.head, inputs, lm_head_weight)[: layout.option_count].clone()
-        if captured.graph is None:
+        if captured.graph is None or captured.table != lm_head_weight.data_ptr():
             captured = self._capture(bucket, captured.inputs, lm_head_weight)
         captured.graph.replay()
         return captured.output[: layout.option_count].clone()
@@ -257,7 +260,7 @@ class GraphedHead:
                 question_types=torch.zeros(questions, dtype=torch.long, device=device),
                 question_padding=torch.ones(1, questions, dtype=torch.bool, device=device),
             )
-        captured = _Captured(inputs, None, None)
+        captured = _Captured(inputs, None, None, None)
         self._captured[bucket] = captured
         return captured
 
@@ -271,9 +274,10 @@ class GraphedHead:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+        # thread_local: an engine's other threads may use CUDA while this one captures
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"), torch.no_grad():
             output = static_forward(self.head, inputs, lm_head_weight)
-        captured = _Captured(inputs, graph, output)
+        captured = _Captured(inputs, graph, output, lm_head_weight.data_ptr())
         self._captured[bucket] = captured
         self.captures += 1
         return captured
