@@ -643,23 +643,10 @@ def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tu
     return means
 
 
-def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], data_parallel: int = 1) -> dict[str, Any]:
-    """``python -m predictor`` on the FP8 release with the vLLM engine (``--dp data_parallel``), then
-    closed-loop HTTP clients. Requests cycle over the records when a load asks for more than there are."""
-    import socket
-    import urllib.error
-    import urllib.request
-
-    from predictor.bench import http_load
-
-    for module in ("kserve", "httpx", "predictor"):
-        if importlib.util.find_spec(module) is None:
-            return {"skipped": f"{module} is not importable here (install the 'serve' extra)"}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def predictor_command(args: argparse.Namespace, release: str, port: int, data_parallel: int) -> list[str]:
+    """``python -m predictor`` serving ``release`` with the vLLM engine as the http cases start it."""
     command = [
-        sys.executable, "-m", "predictor", "--model-dir", releases["fp8"], "--model-name", "clef-flash",
+        sys.executable, "-m", "predictor", "--model-dir", release, "--model-name", "clef-flash",
         "--engine", "vllm", "--http_port", str(port), "--max-model-len", str(args.max_model_len),
         "--gpu-memory-utilization", str(args.gpu_memory_utilization),
     ]
@@ -672,6 +659,25 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
         command.append("--enforce-eager")
     elif "compilation_config" in mode:
         command += ["--compilation-config", json.dumps(mode["compilation_config"])]
+    return command
+
+
+def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], data_parallel: int = 1) -> dict[str, Any]:
+    """``python -m predictor`` on the FP8 release with the vLLM engine (``--dp data_parallel``), then
+    closed-loop HTTP clients. Requests cycle over the records when a load asks for more than there are."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    for module in ("kserve", "httpx", "predictor"):
+        if importlib.util.find_spec(module) is None:  # an http case asked for cannot run: a failure
+            raise ModuleNotFoundError(f"{module} is not importable here: install the 'serve' extra's packages")
+    from predictor.bench import http_load
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = predictor_command(args, releases["fp8"], port, data_parallel)
     log_path = work / f"{args.result_key or 'http'}-predictor.log"
     log_file = log_path.open("w")
     started = time.perf_counter()
@@ -995,6 +1001,8 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in summary["cases"][key]:
                 status = 1
                 _log(f"case {key}: FAILED {summary['cases'][key]['error']}")
+            elif "skipped" in summary["cases"][key]:
+                _log(f"case {key}: SKIPPED {summary['cases'][key]['skipped']}")
             else:
                 _log(f"case {key}: done")
         try:

@@ -155,3 +155,14 @@ def test_kernel_kinds_and_trace_summary(tmp_path: Path) -> None:
     assert summary["kernels"] == 2 and summary["gpu_busy_ms"] == 0.9 and summary["kernel_span_ms"] == 1.0
     assert summary["by_kind_ms"] == {"gemm": 0.6, "gdn": 0.3}
     assert summary["top_kernels_ms"][0]["kind"] == "gemm"
+
+
+def test_http_cases_start_the_predictor_with_the_benchmark_settings() -> None:
+    from bench.gpu_benchmark import build_parser, predictor_command
+
+    args = build_parser().parse_args(["--max-num-batched-tokens", "32768", "--http-mode", "eager"])
+    one = predictor_command(args, "/fp8", 8123, data_parallel=1)
+    assert one[1:3] == ["-m", "predictor"] and "--dp" not in one and "--enforce-eager" in one
+    assert one[one.index("--max-num-batched-tokens") + 1] == "32768" and one[one.index("--http_port") + 1] == "8123"
+    two = predictor_command(args, "/fp8", 8123, data_parallel=2)
+    assert two[two.index("--dp") + 1] == "2"
