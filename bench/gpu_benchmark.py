@@ -1,24 +1,31 @@
 """Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 vs vLLM + plugin FP8, same records.
 
-    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-eager,http]
-        [--records 1400] [--tokens 512] [--time-budget 540] [--profile] [--http-mode graphs]
+    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-graphs,
+        vllm-stock-fp8-graphs,http] [--records 1400] [--tokens 512] [--repeats 3] [--time-budget 540] [--profile]
     python -m bench.gpu_benchmark --device cpu --scale tiny --records 8 --work /tmp/smoke   # CPU smoke run
 
-Stages (each engine case runs in its own process, so a crash or a leak cannot spoil the next):
+Stages (each engine case runs in its own process group, killed whole past the time budget, so a crash, a
+leak or a left-over engine process cannot spoil the next):
 - prepare: the random-weight BF16 release (``clef_tools.fullsize``, built on the device) and its
   FP8_DYNAMIC copy (``clef_tools.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
   (``clef_tools.sized_records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
-- transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches;
-  also the time split between backbone and head on the same batches.
-- head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64.
+- transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches: a
+  first pass in a fresh process (each new batch shape pays its one-off costs), then ``--repeats`` passes at
+  steady state (the headline), the backbone alone, and the backbone/head split (first pass and steady).
+- head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64; one
+  record at a time through the dynamic forward, the static bucketed pass, and (CUDA) its graph replays.
 - vllm-{bf16,fp8}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records;
   then single-record latency. eager: no torch.compile, no CUDA graphs; compile: torch.compile only;
   graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``). With ``--profile``, one
   throughput batch and one single record also run under vLLM's torch profiler, and the GPU kernel
   time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
   (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
-- http: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``) and 1/8/64 closed-loop HTTP
-  clients.
+  Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
+- vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
+  architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
+- http, http-dp2: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``; ``--dp 2`` for
+  http-dp2) and closed-loop HTTP clients (``--http-clients``, default 1/8/64/256; ``--http-requests`` per
+  multi-client load, default 2,000, cycling over the records). Needs the ``serve`` extra's packages.
 - ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
@@ -40,6 +47,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -786,6 +794,18 @@ def _child_command(args: argparse.Namespace, key: str) -> list[str]:
     return command
 
 
+def run_process_group(command: list[str], log: Any, env: dict[str, str], timeout: float) -> int:
+    """Run ``command`` in a new process group; past ``timeout`` kill the whole group and raise
+    ``TimeoutExpired``, so no process it started (vLLM's engine cores, a predictor) keeps a GPU's memory."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+
+
 def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dict[str, Any]:
     """Run one case in its own process with the time left; return its result (or why it has none).
 
@@ -808,7 +828,7 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
     started = time.perf_counter()
     with log_path.open("w") as log:
         try:
-            subprocess.run(_child_command(args, key), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            run_process_group(_child_command(args, key), log, env, timeout)
         except subprocess.TimeoutExpired:
             return {"case": key, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
     if not result_file.is_file():

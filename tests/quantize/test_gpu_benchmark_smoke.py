@@ -166,3 +166,26 @@ def test_http_cases_start_the_predictor_with_the_benchmark_settings() -> None:
     assert one[one.index("--max-num-batched-tokens") + 1] == "32768" and one[one.index("--http_port") + 1] == "8123"
     two = predictor_command(args, "/fp8", 8123, data_parallel=2)
     assert two[two.index("--dp") + 1] == "2"
+
+
+def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: Path) -> None:
+    """A timed-out case must not leave an engine process holding a GPU for the next case."""
+    import os
+    import time
+
+    from bench.gpu_benchmark import run_process_group
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    with (tmp_path / "log").open("w") as log:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process {grandchild} outlived its case")
