@@ -25,7 +25,8 @@ leak or a left-over engine process cannot spoil the next):
   architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
 - http, http-dp2: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``; ``--dp 2`` for
   http-dp2) and closed-loop HTTP clients (``--http-clients``, default 1/8/64/256; ``--http-requests`` per
-  multi-client load, default 2,000, cycling over the records). Needs the ``serve`` extra's packages.
+  multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Needs the
+  ``serve`` extra's packages.
 - ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
@@ -651,6 +652,22 @@ def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tu
     return means
 
 
+class UniqueBodies:
+    """Request bodies for HTTP loads, none sent twice in a case: the records in order, then again with a
+    repetition marker at the start of the state (a few tokens), so an answer cache never serves them.
+    Called with the load's request index, which repeats between loads and warm-ups, and ignored."""
+
+    def __init__(self, bodies: list[dict[str, Any]]) -> None:
+        self.bodies = bodies
+        self.sent = 0
+
+    def __call__(self, _index: int) -> dict[str, Any]:
+        rounds, position = divmod(self.sent, len(self.bodies))
+        self.sent += 1
+        body = self.bodies[position]
+        return body if rounds == 0 else {**body, "state": f"#{rounds} {body['state']}"}
+
+
 def predictor_command(args: argparse.Namespace, release: str, port: int, data_parallel: int) -> list[str]:
     """``python -m predictor`` serving ``release`` with the vLLM engine as the http cases start it."""
     command = [
@@ -672,7 +689,7 @@ def predictor_command(args: argparse.Namespace, release: str, port: int, data_pa
 
 def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], data_parallel: int = 1) -> dict[str, Any]:
     """``python -m predictor`` on the FP8 release with the vLLM engine (``--dp data_parallel``), then
-    closed-loop HTTP clients. Requests cycle over the records when a load asks for more than there are."""
+    closed-loop HTTP clients; no request body is sent twice (:class:`UniqueBodies`)."""
     import socket
     import urllib.error
     import urllib.request
@@ -708,15 +725,14 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
         result["ready_s"] = round(time.perf_counter() - started, 1)
         result["mode"] = args.http_mode
         result["data_parallel"] = data_parallel
-        bodies = json.loads((work / "records.json").read_text())
+        bodies = UniqueBodies(json.loads((work / "records.json").read_text()))
         url = f"http://127.0.0.1:{port}"
         result["loads"] = []
         previous = _scrape_timers(url)
         for clients in args.http_clients:
             count = max(args.http_requests, 4 * clients) if clients > 1 else args.http_single_requests
             _log(f"http: {clients} clients, {count} requests")
-            load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count),
-                                         body=lambda index: bodies[index % len(bodies)]))
+            load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=bodies))
             current = _scrape_timers(url)  # server-side means include the load's few warm-up requests
             result["loads"].append({"clients": clients, **load.summary(), "server_ms_mean": _timer_means(previous, current)})
             previous = current

@@ -189,3 +189,14 @@ def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: 
         time.sleep(0.1)
     else:
         pytest.fail(f"process {grandchild} outlived its case")
+
+
+def test_http_loads_never_send_the_same_body_twice() -> None:
+    from bench.gpu_benchmark import UniqueBodies
+
+    records = [{"model": "clef-flash", "state": f"record {i}", "questions": {}} for i in range(3)]
+    bodies = UniqueBodies(records)
+    sent = [bodies(index) for index in [0, 1, 0, 1, 2, 3, 4, 0]]  # loads and warm-ups repeat their indices
+    assert sent[:3] == records
+    assert len({json.dumps(body, sort_keys=True) for body in sent}) == len(sent)
+    assert sent[3]["state"] == "#1 record 0" and sent[6]["state"] == "#2 record 0"
