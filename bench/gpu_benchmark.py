@@ -1,24 +1,32 @@
 """Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 vs vLLM + plugin FP8, same records.
 
-    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-eager,http]
-        [--records 1400] [--tokens 512] [--time-budget 540] [--profile] [--http-mode graphs]
+    python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-graphs,
+        vllm-stock-fp8-graphs,http] [--records 1400] [--tokens 512] [--repeats 3] [--time-budget 540] [--profile]
     python -m bench.gpu_benchmark --device cpu --scale tiny --records 8 --work /tmp/smoke   # CPU smoke run
 
-Stages (each engine case runs in its own process, so a crash or a leak cannot spoil the next):
+Stages (each engine case runs in its own process group, killed whole past the time budget, so a crash, a
+leak or a left-over engine process cannot spoil the next):
 - prepare: the random-weight BF16 release (``clef_tools.fullsize``, built on the device) and its
   FP8_DYNAMIC copy (``clef_tools.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
   (``clef_tools.sized_records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
-- transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches;
-  also the time split between backbone and head on the same batches.
-- head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64.
+- transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches: a
+  first pass in a fresh process (each new batch shape pays its one-off costs), then ``--repeats`` passes at
+  steady state (the headline), the backbone alone, and the backbone/head split (first pass and steady).
+- head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64; one
+  record at a time through the dynamic forward, the static bucketed pass, and (CUDA) its graph replays.
 - vllm-{bf16,fp8}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records;
   then single-record latency. eager: no torch.compile, no CUDA graphs; compile: torch.compile only;
   graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``). With ``--profile``, one
   throughput batch and one single record also run under vLLM's torch profiler, and the GPU kernel
   time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
   (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
-- http: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``) and 1/8/64 closed-loop HTTP
-  clients.
+  Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
+- vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
+  architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
+- http, http-dp2: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``; ``--dp 2`` for
+  http-dp2) and closed-loop HTTP clients (``--http-clients``, default 1/8/64/256; ``--http-requests`` per
+  multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Needs the
+  ``serve`` extra's packages.
 - ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
@@ -40,6 +48,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,11 +60,15 @@ from typing import Any, Callable
 from clef_contract.predictor import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
 
 MODES = ("eager", "compile", "graphs")
-VLLM_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
-CASES = ("prepare", "transformers", "head", *VLLM_CASES, "http")
+PLUGIN_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
+STOCK_CASES = tuple(f"vllm-stock-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
+VLLM_CASES = (*PLUGIN_CASES, *STOCK_CASES)
+HTTP_CASES = ("http", "http-dp2")
+CASES = ("prepare", "transformers", "head", *VLLM_CASES, *HTTP_CASES)
 ENGINE_CASES = ("transformers", *VLLM_CASES)
 # Rough lower bounds (s) for a stage on the full shape; a stage does not start with less time left.
-MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, "http": 150, **{case: 120 for case in VLLM_CASES}}
+MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, **{case: 150 for case in HTTP_CASES},
+               **{case: 120 for case in VLLM_CASES}}
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
 WARMUP_RECORDS = 32
 PROFILE_RECORDS = 64
@@ -216,8 +229,37 @@ def _run_json(command: list[str], deadline: float) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- cases (child processes)
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of repeated measurements (and the runs themselves, in order)."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2), "runs": [round(value, 2) for value in values]}
+
+
+def timed_passes(run: Callable[[], Any], repeats: int, device: str) -> tuple[list[float], Any]:
+    """Seconds of ``repeats`` calls of ``run`` (device work included) and the first call's result."""
+    seconds, first = [], None
+    for repeat in range(repeats):
+        _sync(device)
+        started = time.perf_counter()
+        value = run()
+        _sync(device)
+        seconds.append(time.perf_counter() - started)
+        if repeat == 0:
+            first = value
+    return seconds, first
+
+
+def repeated_rates(records: int, tokens: int, seconds: list[float]) -> dict[str, Any]:
+    """Rates of the median pass (the headline), with the spread of prompt tokens/s over all passes."""
+    result: dict[str, Any] = _rates(records, tokens, statistics.median(seconds))
+    result["repeats"] = len(seconds)
+    result["prompt_tokens_per_s_spread"] = spread([tokens / value for value in seconds])
+    return result
+
+
 def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
-    """The transformers reference engine in BF16, and its backbone/head time split."""
+    """The transformers reference engine in BF16: a first pass over all records in a fresh process, then
+    ``--repeats`` steady-state passes (every batch shape already run once), and the backbone/head split."""
     import torch
 
     from clef_head.encoder import EncodedRequest
@@ -226,6 +268,7 @@ def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, 
     ids, layouts = _load_encoded(work)
     ids = ids[: args.transformers_records or len(ids)]
     encoded = [EncodedRequest(input_ids=i, layout=layout) for i, layout in zip(ids, layouts)]
+    tokens = sum(map(len, ids))
     result: dict[str, Any] = {"fla": importlib.util.find_spec("fla") is not None}
     started = time.perf_counter()
     scorer = TransformersScorer(
@@ -234,45 +277,70 @@ def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, 
     )
     _sync(args.device)
     result["start_s"] = round(time.perf_counter() - started, 2)
+    result["attention"] = getattr(scorer.backbone.config, "_attn_implementation", None)
+    result["batching"] = f"length-sorted, right-padded, <= {args.transformers_batch_tokens} padded tokens per batch"
     started = time.perf_counter()
     scorer.score(encoded[:WARMUP_RECORDS])
     _sync(args.device)
     result["warmup_s"] = round(time.perf_counter() - started, 2)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    logits = scorer.score(encoded)
-    _sync(args.device)
-    result.update(_rates(len(encoded), sum(map(len, ids)), time.perf_counter() - started))
-    result["memory"] = _gpu_memory(args.device)
+    # First pass: each new batch shape pays its one-off costs (Triton JIT and autotuning, kernel plans).
+    first, logits = timed_passes(lambda: scorer.score(encoded), 1, args.device)
+    result["first_pass"] = _rates(len(encoded), tokens, first[0])
     _save_logits(work, "transformers", logits)
+    # Steady state: the same batches again, every shape warm.
+    steady, _ = timed_passes(lambda: scorer.score(encoded), args.repeats, args.device)
+    result.update(repeated_rates(len(encoded), tokens, steady))
+    backbone, _ = timed_passes(lambda: scorer_hidden_states(scorer, encoded), args.repeats, args.device)
+    result["backbone_only"] = repeated_rates(len(encoded), tokens, backbone)
+    result["memory"] = _gpu_memory(args.device)
+    result["split"] = transformers_split(args, scorer, encoded)
+    return result
 
-    # Backbone vs head on the same length-sorted batches (a subset).
+
+def scorer_hidden_states(scorer: Any, encoded: list[Any]) -> None:
+    """The backbone alone over the batches :meth:`TransformersScorer.score` forms (the head skipped)."""
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and len(encoded[order[end]].input_ids) * (end - start + 1) <= scorer.max_batch_tokens:
+            end += 1
+        scorer.hidden_states([encoded[i] for i in order[start:end]])
+        start = end
+
+
+def transformers_split(args: argparse.Namespace, scorer: Any, encoded: list[Any]) -> dict[str, Any]:
+    """Backbone vs head time on length-sorted batches of a subset, first pass and again (steady)."""
+    import torch
+
     subset = sorted(encoded[: min(len(encoded), 256)], key=lambda item: len(item.input_ids))
     per_batch = max(1, args.transformers_batch_tokens // max(len(item.input_ids) for item in subset))
-    backbone_s = head_s = 0.0
-    for start in range(0, len(subset), per_batch):
-        batch = subset[start : start + per_batch]
-        _sync(args.device)
-        t0 = time.perf_counter()
-        hidden = scorer.hidden_states(batch)
-        _sync(args.device)
-        t1 = time.perf_counter()
-        with torch.inference_mode():
-            scorer.head(
-                hidden, [torch.tensor(item.input_ids, device=scorer.device) for item in batch],
-                [item.layout for item in batch], scorer.lm_head_weight,
-            )
-        _sync(args.device)
-        backbone_s, head_s = backbone_s + t1 - t0, head_s + time.perf_counter() - t1
-    result["split"] = {
-        "records": len(subset),
-        "records_per_batch": per_batch,
-        "backbone_ms_per_record": round(1000 * backbone_s / len(subset), 3),
-        "head_ms_per_record": round(1000 * head_s / len(subset), 3),
-        "head_share": round(head_s / (head_s + backbone_s), 4),
-    }
-    return result
+    split: dict[str, Any] = {"records": len(subset), "records_per_batch": per_batch}
+    for label in ("first_pass", "steady"):
+        backbone_s = head_s = 0.0
+        for start in range(0, len(subset), per_batch):
+            batch = subset[start : start + per_batch]
+            _sync(args.device)
+            t0 = time.perf_counter()
+            hidden = scorer.hidden_states(batch)
+            _sync(args.device)
+            t1 = time.perf_counter()
+            with torch.inference_mode():
+                scorer.head(
+                    hidden, [torch.tensor(item.input_ids, device=scorer.device) for item in batch],
+                    [item.layout for item in batch], scorer.lm_head_weight,
+                )
+            _sync(args.device)
+            backbone_s, head_s = backbone_s + t1 - t0, head_s + time.perf_counter() - t1
+        split[label] = {
+            "backbone_ms_per_record": round(1000 * backbone_s / len(subset), 3),
+            "head_ms_per_record": round(1000 * head_s / len(subset), 3),
+            "head_share": round(head_s / (head_s + backbone_s), 4),
+        }
+    split["head_share"] = split["steady"]["head_share"]
+    return split
 
 
 def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
@@ -312,7 +380,41 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
         run()
         _sync(args.device)
         result[f"batch_{batch}_ms_per_record"] = round(1000 * (time.perf_counter() - started) / count, 3)
+        if batch == 1:
+            result["one_record"] = one_record_head(head, records, lm_head, args.device, args.repeats)
     result["memory"] = _gpu_memory(args.device)
+    return result
+
+
+def one_record_head(head: Any, records: list[tuple[Any, Any, Any]], lm_head: Any, device: str, repeats: int) -> dict[str, Any]:
+    """A lone record through the head: the dynamic forward, the static bucketed pass run eagerly, and (on
+    CUDA) its CUDA-graph replay; ms per record (median of ``repeats`` passes over the records, each pass
+    after one that captured every bucket), whether replays equal the eager static pass exactly, and the
+    largest difference to the dynamic forward."""
+    import torch
+
+    from clef_head.graphs import GraphedHead
+
+    paths = {"dynamic": head, "static_eager": GraphedHead(head, graphs=False)}
+    if device.startswith("cuda"):
+        paths["graphs"] = GraphedHead(head, graphs=True)
+    outputs: dict[str, list[Any]] = {}
+    result: dict[str, Any] = {"records": len(records)}
+    for name, path in paths.items():
+
+        def run(path: Any = path) -> list[Any]:
+            with torch.inference_mode():
+                return [path([hidden], [ids], [layout], lm_head)[0] for hidden, ids, layout in records]
+
+        outputs[name] = run()  # first pass: captures every bucket's graph
+        seconds, _ = timed_passes(run, repeats, device)
+        result[f"{name}_ms_per_record"] = spread([1000 * value / len(records) for value in seconds])
+    if "graphs" in outputs:
+        result["graphs_captured"] = paths["graphs"].captures
+        result["graphs_equal_static_eager"] = all(
+            torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["static_eager"]))
+    result["static_max_abs_diff_vs_dynamic"] = max(
+        float((a.float() - b.float()).abs().max()) for a, b in zip(outputs["static_eager"], outputs["dynamic"]))
     return result
 
 
@@ -395,14 +497,42 @@ def summarize_trace(trace_dir: Path, since: float) -> dict[str, Any]:
     }
 
 
-def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str) -> dict[str, Any]:
-    """vLLM + plugin on the BF16 or FP8 release: throughput over all records, then single-record latency."""
+def stock_engine_kwargs(plugin_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's engine arguments for stock vLLM: the release's own architecture (no override), and
+    vLLM's sequence pooler (last token, ``embed``) instead of the head; every other setting unchanged."""
+    from vllm.config import PoolerConfig
+
+    stock = {key: value for key, value in plugin_kwargs.items() if key != "hf_overrides"}
+    stock["pooler_config"] = PoolerConfig(task=STOCK_TASK, seq_pooling_type="LAST")
+    return stock
+
+
+STOCK_TASK = "embed"
+
+
+def percentiles(latencies_ms: list[float]) -> dict[str, float]:
+    """p50/p95/min/max of latencies (ms)."""
+    ordered = sorted(latencies_ms)
+    return {
+        "p50": round(statistics.median(ordered), 2),
+        "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
+        "min": round(ordered[0], 2),
+        "max": round(ordered[-1], 2),
+        "count": len(ordered),
+    }
+
+
+def case_vllm(
+    args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str, stock: bool = False
+) -> dict[str, Any]:
+    """vLLM on the BF16 or FP8 release: ``--repeats`` throughput passes over all records, then
+    single-record latency. With the plugin (option logits) or ``stock`` (no plugin: last-token ``embed``)."""
     import vllm
 
     import clef_plugin
 
     ids, layouts = _load_encoded(work)
-    key = args.result_key or f"vllm-{precision}-{mode}"
+    key = args.result_key or (f"vllm-stock-{precision}-{mode}" if stock else f"vllm-{precision}-{mode}")
     extra = merge_engine_args(mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len)
     if args.device.startswith("cuda"):
         extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
@@ -420,9 +550,12 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
         max_num_seqs=extra.pop("max_num_seqs", args.max_num_seqs),
         **extra,
     )
+    if stock:
+        kwargs = stock_engine_kwargs(kwargs)
     result: dict[str, Any] = {
         "vllm": vllm.__version__,
         "mode": mode,
+        "plugin": not stock,
         "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
     }
     started = time.perf_counter()
@@ -431,33 +564,40 @@ def case_vllm(args: argparse.Namespace, work: Path, releases: dict[str, str], pr
     scheduler = llm.llm_engine.vllm_config.scheduler_config
     result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
     result["async_scheduling"] = scheduler.async_scheduling
+    result["architecture"] = llm.llm_engine.model_config.architectures[0]
     prompts = [{"prompt_token_ids": item} for item in ids]
-    params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
+    if stock:
+        params = [vllm.PoolingParams(task=STOCK_TASK) for _ in ids]
+        task = STOCK_TASK
+    else:
+        params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
+        task = clef_plugin.POOLING_TASK
 
     def encode(indices: range | list[int]) -> list[Any]:
         outputs = llm.encode(
-            [prompts[i] for i in indices], pooling_params=[params[i] for i in indices],
-            pooling_task=clef_plugin.POOLING_TASK, use_tqdm=False,
+            [prompts[i] for i in indices], pooling_params=[params[i] for i in indices], pooling_task=task, use_tqdm=False,
         )
+        if stock:
+            return [output.outputs.data.float().cpu() for output in outputs]
         return [clef_plugin.option_logits(output) for output in outputs]
 
     started = time.perf_counter()
     encode(range(min(WARMUP_RECORDS, len(ids))))
     result["warmup_s"] = round(time.perf_counter() - started, 2)
-    started = time.perf_counter()
-    logits = encode(range(len(ids)))
-    result.update(_rates(len(ids), sum(map(len, ids)), time.perf_counter() - started))
+    seconds, outputs = timed_passes(lambda: encode(range(len(ids))), args.repeats, "cpu")
+    result.update(repeated_rates(len(ids), sum(map(len, ids)), seconds))
     result["memory"] = _gpu_memory(args.device)
-    _save_logits(work, key, logits)
+    if stock:
+        result["output_shape"] = list(outputs[0].shape)
+    else:
+        _save_logits(work, key, outputs)
     latencies = []
     for index in range(min(args.latency_records, len(ids))):
         started = time.perf_counter()
         encode([index])
         latencies.append(1000 * (time.perf_counter() - started))
-    result["single_record_ms"] = {
-        "p50": round(statistics.median(latencies), 2),
-        "p95": round(sorted(latencies)[min(len(latencies) - 1, int(0.95 * len(latencies)))], 2),
-    }
+    result["single_record_ms"] = percentiles(latencies)
+    result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
     if args.profile:
         result["profile"] = {}
         for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):
@@ -512,32 +652,57 @@ def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tu
     return means
 
 
-def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) -> dict[str, Any]:
-    """``python -m predictor`` on the FP8 release with the vLLM engine, then closed-loop HTTP clients."""
-    import socket
-    import urllib.error
-    import urllib.request
+class UniqueBodies:
+    """Request bodies for HTTP loads, none sent twice in a case: the records in order, then again with a
+    repetition marker at the start of the state (a few tokens), so an answer cache never serves them.
+    Called with the load's request index, which repeats between loads and warm-ups, and ignored."""
 
-    from predictor.bench import http_load
+    def __init__(self, bodies: list[dict[str, Any]]) -> None:
+        self.bodies = bodies
+        self.sent = 0
 
-    for module in ("kserve", "httpx", "predictor"):
-        if importlib.util.find_spec(module) is None:
-            return {"skipped": f"{module} is not importable here (install the 'serve' extra)"}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    def __call__(self, _index: int) -> dict[str, Any]:
+        rounds, position = divmod(self.sent, len(self.bodies))
+        self.sent += 1
+        body = self.bodies[position]
+        return body if rounds == 0 else {**body, "state": f"#{rounds} {body['state']}"}
+
+
+def predictor_command(args: argparse.Namespace, release: str, port: int, data_parallel: int) -> list[str]:
+    """``python -m predictor`` serving ``release`` with the vLLM engine as the http cases start it."""
     command = [
-        sys.executable, "-m", "predictor", "--model-dir", releases["fp8"], "--model-name", "clef-flash",
+        sys.executable, "-m", "predictor", "--model-dir", release, "--model-name", "clef-flash",
         "--engine", "vllm", "--http_port", str(port), "--max-model-len", str(args.max_model_len),
         "--gpu-memory-utilization", str(args.gpu_memory_utilization),
     ]
     if args.max_num_batched_tokens is not None:
         command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if data_parallel > 1:
+        command += ["--dp", str(data_parallel)]
     mode = mode_kwargs(args.http_mode, args.capture_sizes)
     if mode["enforce_eager"]:
         command.append("--enforce-eager")
     elif "compilation_config" in mode:
         command += ["--compilation-config", json.dumps(mode["compilation_config"])]
+    return command
+
+
+def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], data_parallel: int = 1) -> dict[str, Any]:
+    """``python -m predictor`` on the FP8 release with the vLLM engine (``--dp data_parallel``), then
+    closed-loop HTTP clients; no request body is sent twice (:class:`UniqueBodies`)."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    for module in ("kserve", "httpx", "predictor"):
+        if importlib.util.find_spec(module) is None:  # an http case asked for cannot run: a failure
+            raise ModuleNotFoundError(f"{module} is not importable here: install the 'serve' extra's packages")
+    from predictor.bench import http_load
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = predictor_command(args, releases["fp8"], port, data_parallel)
     log_path = work / f"{args.result_key or 'http'}-predictor.log"
     log_file = log_path.open("w")
     started = time.perf_counter()
@@ -559,14 +724,15 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
             time.sleep(1)
         result["ready_s"] = round(time.perf_counter() - started, 1)
         result["mode"] = args.http_mode
-        bodies = json.loads((work / "records.json").read_text())
+        result["data_parallel"] = data_parallel
+        bodies = UniqueBodies(json.loads((work / "records.json").read_text()))
         url = f"http://127.0.0.1:{port}"
         result["loads"] = []
         previous = _scrape_timers(url)
         for clients in args.http_clients:
-            count = min(len(bodies), max(args.http_requests, 4 * clients)) if clients > 1 else min(len(bodies), 64)
+            count = max(args.http_requests, 4 * clients) if clients > 1 else args.http_single_requests
             _log(f"http: {clients} clients, {count} requests")
-            load = asyncio.run(http_load(url, clients, count, warmup=min(8, count), body=bodies.__getitem__))
+            load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=bodies))
             current = _scrape_timers(url)  # server-side means include the load's few warm-up requests
             result["loads"].append({"clients": clients, **load.summary(), "server_ms_mean": _timer_means(previous, current)})
             previous = current
@@ -580,15 +746,17 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     return result
 
 
-def _vllm_case(precision: str, mode: str) -> Callable[..., dict[str, Any]]:
-    return lambda args, work, releases: case_vllm(args, work, releases, precision, mode)
+def _vllm_case(precision: str, mode: str, stock: bool = False) -> Callable[..., dict[str, Any]]:
+    return lambda args, work, releases: case_vllm(args, work, releases, precision, mode, stock)
 
 
 CASE_FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "transformers": case_transformers,
     "head": case_head,
     **{f"vllm-{p}-{m}": _vllm_case(p, m) for p in ("bf16", "fp8") for m in MODES},
+    **{f"vllm-stock-{p}-{m}": _vllm_case(p, m, stock=True) for p in ("bf16", "fp8") for m in MODES},
     "http": case_http,
+    "http-dp2": lambda args, work, releases: case_http(args, work, releases, data_parallel=2),
 }
 
 
@@ -632,6 +800,7 @@ def _child_command(args: argparse.Namespace, key: str) -> list[str]:
                "--engine-args", json.dumps(engine_args), "--http-clients", ",".join(map(str, args.http_clients)),
                "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
                "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
+               "--repeats", str(args.repeats), "--http-single-requests", str(args.http_single_requests),
                ] + (["--profile"] if args.profile else [])
     if args.capture_sizes:
         command += ["--capture-sizes", ",".join(map(str, args.capture_sizes))]
@@ -639,6 +808,18 @@ def _child_command(args: argparse.Namespace, key: str) -> list[str]:
         if value is not None:
             command += [flag, str(value)]
     return command
+
+
+def run_process_group(command: list[str], log: Any, env: dict[str, str], timeout: float) -> int:
+    """Run ``command`` in a new process group; past ``timeout`` kill the whole group and raise
+    ``TimeoutExpired``, so no process it started (vLLM's engine cores, a predictor) keeps a GPU's memory."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
 
 
 def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dict[str, Any]:
@@ -652,6 +833,8 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
     cache = Path(args.cache_dir or Path(args.work) / "cache").resolve()
     # The layout of a predictor pod's compile-cache volume, rooted at the cache folder.
     env.update({name: value.replace(COMPILE_CACHE_DIR, str(cache)) for name, value in COMPILE_CACHE_ENV.items()})
+    if base_case(key) in STOCK_CASES:
+        env["VLLM_PLUGINS"] = ""  # stock vLLM: no general plugin is loaded, ours included
     if args.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -661,7 +844,7 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
     started = time.perf_counter()
     with log_path.open("w") as log:
         try:
-            subprocess.run(_child_command(args, key), stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            run_process_group(_child_command(args, key), log, env, timeout)
         except subprocess.TimeoutExpired:
             return {"case": key, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
     if not result_file.is_file():
@@ -675,7 +858,7 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
 def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:
     """(reference, candidate) pairs: BF16 vs FP8 in the same mode, transformers vs every vLLM case,
     eager vs compiled modes of the same precision, and every variant vs its plain case."""
-    vllm_cases = [case for case in VLLM_CASES if case in cases]
+    vllm_cases = [case for case in PLUGIN_CASES if case in cases]
     pairs = [(f"vllm-bf16-{m}", f"vllm-fp8-{m}") for m in MODES if f"vllm-bf16-{m}" in cases and f"vllm-fp8-{m}" in cases]
     pairs += [("transformers", case) for case in vllm_cases if "transformers" in cases]
     pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in ("bf16", "fp8") for m in MODES[1:]
@@ -702,24 +885,30 @@ def agreement(work: Path) -> dict[str, Any]:
 
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
-    rows = [f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'GiB used':>10}{'p50 ms':>9}  note"]
+    rows = [f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'min-max':>15}{'GiB used':>10}{'p50 ms':>9}  note"]
     keys = sorted((path.stem for path in (work / "results").glob("*.json") if base_case(path.stem) in ENGINE_CASES),
                   key=lambda key: (ENGINE_CASES.index(base_case(key)), key))
     for case in keys:
         r = json.loads((work / "results" / f"{case}.json").read_text())
         if "error" in r:
-            rows.append(f"{case:<30}{'':>56}  ERROR {r['error'][:60]}")
+            rows.append(f"{case:<30}{'':>71}  ERROR {r['error'][:60]}")
             continue
         p50 = r.get("single_record_ms", {}).get("p50", "")
         used = r.get("memory", {}).get("device_used_gib", "")
-        note = f"fla={r['fla']} head share {r['split']['head_share']:.1%}" if case == "transformers" else ""
+        note = ""
+        if base_case(case) == "transformers":
+            note = (f"fla={r['fla']} first pass {r['first_pass']['prompt_tokens_per_s']} tok/s; backbone only "
+                    f"{r['backbone_only']['prompt_tokens_per_s']} tok/s; steady head share {r['split']['head_share']:.1%}")
+        spread_text = ""
+        if "prompt_tokens_per_s_spread" in r:
+            spread_text = f"{r['prompt_tokens_per_s_spread']['min']:.0f}-{r['prompt_tokens_per_s_spread']['max']:.0f}"
         for label, profile in (r.get("profile") or {}).items():
             if "by_kind_share" in profile:
                 shares = ", ".join(f"{k} {v:.0%}" for k, v in list(profile["by_kind_share"].items())[:5])
                 note += f" [{label}: busy {profile['gpu_busy_share_of_span']:.0%}; {shares}]"
         rows.append(
             f"{case:<30}{r['start_s']:>9}{r['warmup_s']:>8}{r['records_per_s']:>9}{r['prompt_tokens_per_s']:>11}"
-            f"{used:>10}{p50:>9}  {note}"
+            f"{spread_text:>15}{used:>10}{p50:>9}  {note}"
         )
     for pair, value in summary.get("agreement", {}).items():
         rows.append(f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
@@ -729,7 +918,12 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
     if "batch_16_ms_per_record" in head:
         rows.append(f"head alone: {head['batch_1_ms_per_record']} / {head['batch_16_ms_per_record']} / "
                     f"{head['batch_64_ms_per_record']} ms per record at batch 1 / 16 / 64")
-    for key in ("http", "http-again"):
+        one = head.get("one_record", {})
+        paths = ", ".join(f"{name} {one[f'{name}_ms_per_record']['median']} ms"
+                          for name in ("dynamic", "static_eager", "graphs") if f"{name}_ms_per_record" in one)
+        rows.append(f"head, one record: {paths}; graphs == eager static: {one.get('graphs_equal_static_eager')}, "
+                    f"static vs dynamic max |Δ| {one.get('static_max_abs_diff_vs_dynamic')}")
+    for key in (*HTTP_CASES, *(f"{case}-again" for case in HTTP_CASES)):
         http = summary.get("cases", {}).get(key) or {}
         if "ready_s" in http:
             rows.append(f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)")
@@ -770,9 +964,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch")
     parser.add_argument("--transformers-records", type=int, default=None,
                         help="score only the first N records in the transformers case (default: all)")
-    parser.add_argument("--latency-records", type=int, default=32, help="records sent one at a time for latency")
-    parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64])
-    parser.add_argument("--http-requests", type=int, default=512, help="requests per multi-client HTTP load")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine case (median, min, max)")
+    parser.add_argument("--latency-records", type=int, default=64, help="records sent one at a time for latency")
+    parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64, 256])
+    parser.add_argument("--http-requests", type=int, default=2000, help="requests per multi-client HTTP load")
+    parser.add_argument("--http-single-requests", type=int, default=200, help="requests of the one-client HTTP load")
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)
     parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-key", default=None, help=argparse.SUPPRESS)
@@ -841,6 +1037,8 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in summary["cases"][key]:
                 status = 1
                 _log(f"case {key}: FAILED {summary['cases'][key]['error']}")
+            elif "skipped" in summary["cases"][key]:
+                _log(f"case {key}: SKIPPED {summary['cases'][key]['skipped']}")
             else:
                 _log(f"case {key}: done")
         try:

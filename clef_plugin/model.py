@@ -11,6 +11,10 @@ token ids, so after loading, each rank all-gathers the shards once (vLLM's
 ``tensor_model_parallel_all_gather``) into a full [vocab, hidden] copy it keeps for the head;
 this costs ``vocab × hidden`` extra elements per rank (about 2 GiB in BF16 for Qwen3.5-9B). With
 one rank the shard is the full table and nothing is copied. Pipeline parallelism is refused.
+
+CUDA graphs: unless the engine runs eagerly (``enforce_eager``), a step that completes one request on
+a GPU runs the head as a CUDA graph captured for that request's bucketed shape
+(:class:`clef_head.graphs.GraphedHead`); steps completing several requests run the batched forward.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from vllm.model_executor.models.interfaces_base import VllmModelForPooling
 from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
+from clef_head.graphs import GraphedHead
 from clef_plugin.pooler import JointSchemaPooler
 
 HEAD_PREFIX = "joint_head."
@@ -64,6 +69,7 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         model_config = vllm_config.model_config
         self.release_dir = release_dir(model_config.model, model_config.revision)
         self.head_dtype = model_config.dtype
+        self.head_graphs = not model_config.enforce_eager
         self.vocab_size = int(self.config.get_text_config().vocab_size)
         self._gathered_lm_head: torch.Tensor | None = None  # tensor parallelism only
         self.pooler = JointSchemaPooler(self.lexical_table)
@@ -101,5 +107,6 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
             raise ValueError(
                 f"the head expects hidden size {head.config.hidden_size}, the backbone has {lm_head.shape[1]}"
             )
-        self.pooler.head = head
-        return loaded | {name for name, _ in self.pooler.head.named_parameters(prefix="pooler.head")}
+        use_graphs = self.head_graphs and lm_head.device.type == "cuda"
+        self.pooler.head = GraphedHead(head) if use_graphs else head
+        return loaded | {name for name, _ in head.named_parameters(prefix="pooler.head")}

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from clef_head.graphs import GraphedHead
 from clef_head.head import JointSchemaHead
 from clef_head.layout import LayoutError, RecordLayout
 from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
@@ -63,7 +64,7 @@ class JointSchemaPooler(Pooler):
         super().__init__()
         self.collector = AllPool()
         self.lexical_table = lexical_table
-        self.head: JointSchemaHead | None = None  # set by the model once the release is loaded
+        self.head: JointSchemaHead | GraphedHead | None = None  # set by the model once the release is loaded
 
     def get_supported_tasks(self) -> Set[str]:
         """Only the per-token embedding task: the head needs every prompt token."""

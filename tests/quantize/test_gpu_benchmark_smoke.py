@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _smoke(work: Path, cases: str, *extra: str) -> dict:
     command = [
         sys.executable, "-m", "bench.gpu_benchmark", "--device", "cpu", "--scale", "tiny", "--records", "8",
-        "--tokens", "192", "--latency-records", "2", "--work", str(work), "--out", str(work), "--cases", cases, "--time-budget", "1200",
+        "--tokens", "192", "--latency-records", "2", "--repeats", "2", "--work", str(work), "--out", str(work),
+        "--cases", cases, "--time-budget", "1200",
         *extra,
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1500)
@@ -30,9 +31,31 @@ def test_smoke_without_vllm(tmp_path: Path) -> None:
     assert records["count"] == 8 and records["mean_questions"] >= 1
     transformers = summary["cases"]["transformers"]
     assert transformers["records"] == 8 and transformers["prompt_tokens_per_s"] > 0
-    assert 0 < transformers["split"]["head_share"] < 1
-    assert summary["cases"]["head"]["batch_16_ms_per_record"] > 0
+    # Steady state (the headline: median of the repeats) beside the first pass and the backbone alone.
+    spread = transformers["prompt_tokens_per_s_spread"]
+    assert transformers["repeats"] == 2 and len(spread["runs"]) == 2 and spread["min"] <= spread["median"] <= spread["max"]
+    assert transformers["first_pass"]["prompt_tokens_per_s"] > 0 and transformers["backbone_only"]["prompt_tokens_per_s"] > 0
+    for label in ("first_pass", "steady"):
+        assert 0 < transformers["split"][label]["head_share"] < 1
+    assert transformers["split"]["head_share"] == transformers["split"]["steady"]["head_share"]
+    head = summary["cases"]["head"]
+    assert head["batch_16_ms_per_record"] > 0
+    one = head["one_record"]  # no CUDA here: the dynamic forward and the eager static pass only
+    assert one["dynamic_ms_per_record"]["median"] > 0 and one["static_eager_ms_per_record"]["median"] > 0
+    assert "graphs_ms_per_record" not in one and one["static_max_abs_diff_vs_dynamic"] < 1e-3
     assert (tmp_path / "logits-transformers.pt").is_file()
+
+
+@pytest.mark.vllm
+def test_smoke_stock_vllm_case_runs_without_the_plugin(tmp_path: Path) -> None:
+    """The upper bound: the same release and engine settings, no plugin, last-token ``embed``."""
+    pytest.importorskip("vllm")
+    summary = _smoke(tmp_path, "prepare,vllm-stock-bf16-eager")
+    stock = summary["cases"]["vllm-stock-bf16-eager"]
+    assert stock["plugin"] is False and stock["architecture"] == "Qwen3_5ForConditionalGeneration"
+    assert stock["records"] == 8 and stock["repeats"] == 2 and stock["single_record_ms"]["count"] == 2
+    assert stock["output_shape"] == [128]  # one hidden-size vector per record (the tiny release's hidden size)
+    assert not (tmp_path / "logits-vllm-stock-bf16-eager.pt").is_file()
 
 
 @pytest.mark.vllm
@@ -44,7 +67,7 @@ def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
     for case in ("vllm-bf16-eager", "vllm-fp8-eager", "vllm-fp8-eager+seqs2"):
         result = summary["cases"][case]
         assert result["records"] == 8 and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
-        assert result["mode"] == "eager"
+        assert result["mode"] == "eager" and result["plugin"] is True and result["repeats"] == 2
     assert summary["cases"]["vllm-fp8-eager+seqs2"]["max_num_seqs"] == 2
     assert summary["cases"]["vllm-fp8-eager"]["max_num_seqs"] != 2
     assert (tmp_path / "results" / "vllm-fp8-eager+seqs2.json").is_file()
@@ -58,12 +81,39 @@ def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
 def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
     from bench.gpu_benchmark import agreement_pairs, base_case, variant_name
 
-    assert [base_case(key) for key in ("http-again", "vllm-fp8-graphs+async", "vllm-fp8-graphs+async-again")] == [
-        "http", "vllm-fp8-graphs", "vllm-fp8-graphs",
+    assert [base_case(key) for key in ("http-again", "vllm-fp8-graphs+async", "vllm-fp8-graphs+async-again",
+                                       "vllm-stock-fp8-graphs", "http-dp2")] == [
+        "http", "vllm-fp8-graphs", "vllm-fp8-graphs", "vllm-stock-fp8-graphs", "http-dp2",
     ]
     assert [variant_name(key) for key in ("vllm-fp8-graphs", "vllm-fp8-graphs+async-again")] == [None, "async"]
     pairs = agreement_pairs(["vllm-fp8-graphs", "vllm-fp8-graphs+async", "vllm-bf16-graphs+t32k"])
     assert pairs == [("vllm-fp8-graphs", "vllm-fp8-graphs+async")]
+    assert agreement_pairs(["transformers", "vllm-stock-fp8-graphs", "vllm-fp8-graphs"]) == [
+        ("transformers", "vllm-fp8-graphs")
+    ]
+
+
+def test_stock_engine_arguments_differ_from_the_plugins_only_in_model_class_and_pooler() -> None:
+    pytest.importorskip("vllm")
+    import clef_plugin
+    from bench.gpu_benchmark import STOCK_TASK, stock_engine_kwargs
+
+    plugin = clef_plugin.engine_kwargs("/release", max_model_len=1024, max_num_batched_tokens=4096)
+    stock = stock_engine_kwargs(plugin)
+    assert "hf_overrides" not in stock and stock["pooler_config"].task == STOCK_TASK
+    assert stock["pooler_config"].seq_pooling_type == "LAST"
+    same = {key: value for key, value in plugin.items() if key not in ("hf_overrides", "pooler_config")}
+    assert {key: value for key, value in stock.items() if key != "pooler_config"} == same
+
+
+def test_repeated_rates_report_the_median_pass_and_the_spread() -> None:
+    from bench.gpu_benchmark import percentiles, repeated_rates
+
+    rates = repeated_rates(10, 1000, [2.0, 1.0, 4.0])
+    assert rates["seconds"] == 2.0 and rates["prompt_tokens_per_s"] == 500.0 and rates["repeats"] == 3
+    assert rates["prompt_tokens_per_s_spread"] == {"median": 500.0, "min": 250.0, "max": 1000.0,
+                                                   "runs": [500.0, 1000.0, 250.0]}
+    assert percentiles([5.0, 1.0, 3.0]) == {"p50": 3.0, "p95": 5.0, "min": 1.0, "max": 5.0, "count": 3}
 
 
 def test_variant_compilation_config_is_merged_into_the_mode() -> None:
@@ -105,3 +155,48 @@ def test_kernel_kinds_and_trace_summary(tmp_path: Path) -> None:
     assert summary["kernels"] == 2 and summary["gpu_busy_ms"] == 0.9 and summary["kernel_span_ms"] == 1.0
     assert summary["by_kind_ms"] == {"gemm": 0.6, "gdn": 0.3}
     assert summary["top_kernels_ms"][0]["kind"] == "gemm"
+
+
+def test_http_cases_start_the_predictor_with_the_benchmark_settings() -> None:
+    from bench.gpu_benchmark import build_parser, predictor_command
+
+    args = build_parser().parse_args(["--max-num-batched-tokens", "32768", "--http-mode", "eager"])
+    one = predictor_command(args, "/fp8", 8123, data_parallel=1)
+    assert one[1:3] == ["-m", "predictor"] and "--dp" not in one and "--enforce-eager" in one
+    assert one[one.index("--max-num-batched-tokens") + 1] == "32768" and one[one.index("--http_port") + 1] == "8123"
+    two = predictor_command(args, "/fp8", 8123, data_parallel=2)
+    assert two[two.index("--dp") + 1] == "2"
+
+
+def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: Path) -> None:
+    """A timed-out case must not leave an engine process holding a GPU for the next case."""
+    import os
+    import time
+
+    from bench.gpu_benchmark import run_process_group
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    with (tmp_path / "log").open("w") as log:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process {grandchild} outlived its case")
+
+
+def test_http_loads_never_send_the_same_body_twice() -> None:
+    from bench.gpu_benchmark import UniqueBodies
+
+    records = [{"model": "clef-flash", "state": f"record {i}", "questions": {}} for i in range(3)]
+    bodies = UniqueBodies(records)
+    sent = [bodies(index) for index in [0, 1, 0, 1, 2, 3, 4, 0]]  # loads and warm-ups repeat their indices
+    assert sent[:3] == records
+    assert len({json.dumps(body, sort_keys=True) for body in sent}) == len(sent)
+    assert sent[3]["state"] == "#1 record 0" and sent[6]["state"] == "#2 record 0"

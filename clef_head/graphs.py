@@ -1,0 +1,283 @@
+"""The joint schema head for one record at a time, as CUDA graphs over bucketed shapes.
+
+A lone record's head forward is a few hundred small kernels: on a GPU, launching them costs several
+times their run time. :class:`GraphedHead` runs a batch of exactly one record through a static-shape
+forward pass (:func:`static_forward`) whose shapes are the record's rounded up to a bucket (prompt
+tokens to a multiple of :data:`TOKEN_BUCKET`, questions and options to powers of two), captured once
+per bucket as a CUDA graph and replayed. Batches of several records, records beyond the largest
+bucket, and any device other than CUDA take :class:`~clef_head.head.JointSchemaHead`'s own forward.
+
+The static pass computes the same function as the dynamic one: span means are products with 0/1
+membership matrices (accumulated in float32, as the dynamic pass's ``index_add``), the per-question
+softmax is a masked softmax over a [questions, options] membership matrix, and padded tokens and
+questions are masked out of every attention. Padded rows only ever meet zero weights, so what the
+buffers held before does not change the answer. With ``graphs=False`` it runs eagerly (the parity
+tests on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from clef_head.head import MAX_LOG_SCALE, JointSchemaHead
+from clef_head.layout import RecordLayout
+
+TOKEN_BUCKET = 128
+"""Prompt lengths are rounded up to a multiple of this many tokens."""
+MAX_GRAPH_TOKENS = 2048
+MAX_GRAPH_QUESTIONS = 32
+MAX_GRAPH_OPTIONS = 128
+
+
+def _power_of_two(count: int, smallest: int) -> int:
+    return max(smallest, 1 << max(count - 1, 0).bit_length())
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Padded shape of one record: prompt tokens, questions, options."""
+
+    tokens: int
+    questions: int
+    options: int
+
+    @classmethod
+    def of(cls, length: int, layout: RecordLayout) -> Bucket:
+        """The bucket a record of ``length`` tokens and ``layout`` falls into."""
+        return cls(
+            tokens=TOKEN_BUCKET * math.ceil(length / TOKEN_BUCKET),
+            questions=_power_of_two(len(layout.questions), 2),
+            options=_power_of_two(layout.option_count, 4),
+        )
+
+    def fits(self) -> bool:
+        """Whether records of this bucket are run as graphs."""
+        return (
+            self.tokens <= MAX_GRAPH_TOKENS
+            and self.questions <= MAX_GRAPH_QUESTIONS
+            and self.options <= MAX_GRAPH_OPTIONS
+        )
+
+
+class StaticInputs(NamedTuple):
+    """One record laid out in a bucket's shapes (T tokens, Q questions, O options)."""
+
+    hidden: torch.Tensor  # [T, hidden] final hidden states, padded
+    token_ids: torch.Tensor  # [T] prompt token ids, padded
+    memory_padding: torch.Tensor  # [1, T] True = padding token
+    last_token: torch.Tensor  # [1] index of the prompt's last token
+    question_members: torch.Tensor  # [Q, T] float32: 1 where a token is in the question's span
+    question_lengths: torch.Tensor  # [Q, 1] float32 tokens per question span (1 for padding)
+    option_members: torch.Tensor  # [O, T] float32
+    option_lengths: torch.Tensor  # [O, 1] float32
+    option_question: torch.Tensor  # [O] the question of each option (0 for padding)
+    question_options: torch.Tensor  # [Q, O] True where the option belongs to the question
+    question_types: torch.Tensor  # [Q]
+    question_padding: torch.Tensor  # [1, Q] True = padding question
+
+
+def host_inputs(length: int, token_ids: torch.Tensor, layout: RecordLayout, bucket: Bucket) -> dict[str, torch.Tensor]:
+    """Every input but the hidden states, built on the host (CPU tensors) in ``bucket``'s shapes."""
+    tokens, questions, options = bucket.tokens, bucket.questions, bucket.options
+    ids = np.zeros(tokens, dtype=np.int64)
+    ids[:length] = token_ids.cpu().numpy()
+    question_members = np.zeros((questions, tokens), dtype=np.float32)
+    option_members = np.zeros((options, tokens), dtype=np.float32)
+    option_question = np.zeros(options, dtype=np.int64)
+    question_options = np.zeros((questions, options), dtype=np.bool_)
+    question_types = np.zeros(questions, dtype=np.int64)
+    option = 0
+    for index, question in enumerate(layout.questions):
+        start, end = question.question_span
+        question_members[index, start:end] = 1.0
+        question_types[index] = question.type_id
+        for start, end in question.option_spans:
+            option_members[option, start:end] = 1.0
+            option_question[option] = index
+            question_options[index, option] = True
+            option += 1
+    memory_padding = np.ones((1, tokens), dtype=np.bool_)
+    memory_padding[0, :length] = False
+    question_padding = np.ones((1, questions), dtype=np.bool_)
+    question_padding[0, : len(layout.questions)] = False
+    return {
+        "token_ids": torch.from_numpy(ids),
+        "memory_padding": torch.from_numpy(memory_padding),
+        "last_token": torch.tensor([length - 1]),
+        "question_members": torch.from_numpy(question_members),
+        "question_lengths": torch.from_numpy(np.maximum(question_members.sum(1, keepdims=True), 1)),
+        "option_members": torch.from_numpy(option_members),
+        "option_lengths": torch.from_numpy(np.maximum(option_members.sum(1, keepdims=True), 1)),
+        "option_question": torch.from_numpy(option_question),
+        "question_options": torch.from_numpy(question_options),
+        "question_types": torch.from_numpy(question_types),
+        "question_padding": torch.from_numpy(question_padding),
+    }
+
+
+def _span_means(members: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Mean of ``rows`` [T, D] over each membership row [S, T], accumulated in float32."""
+    return (members @ rows.float() / lengths).to(rows.dtype)
+
+
+def static_forward(head: JointSchemaHead, inputs: StaticInputs, lm_head_weight: torch.Tensor) -> torch.Tensor:
+    """Option logits [O] of one record in static shapes: the function ``JointSchemaHead.forward`` computes."""
+    dtype = head.hidden_norm.weight.dtype
+    normed = head.hidden_norm(inputs.hidden.to(dtype))
+    memory = head.memory_projection(normed).unsqueeze(0)
+    memory_padding = inputs.memory_padding
+    global_vectors = normed.index_select(0, inputs.last_token)
+
+    question_vectors = _span_means(inputs.question_members, inputs.question_lengths, normed)
+    option_contexts = _span_means(inputs.option_members, inputs.option_lengths, normed)
+    lexical_rows = lm_head_weight.index_select(0, inputs.token_ids).to(dtype)
+    lexical = _span_means(inputs.option_members, inputs.option_lengths, lexical_rows)
+
+    option_question = inputs.option_question
+    queries = (
+        head.option_context_projection(option_contexts)
+        + head.option_lexical_projection(lexical)
+        + head.option_question_projection(question_vectors).index_select(0, option_question)
+    ).unsqueeze(0)
+    for layer in head.evidence_layers:
+        queries = layer(queries, memory, memory_padding)
+    routed = queries.squeeze(0)
+
+    base_fields = head.question_projection(question_vectors)
+    scores = (routed * base_fields.index_select(0, option_question)).sum(-1) / math.sqrt(routed.shape[-1])
+    members = inputs.question_options
+    grouped = scores.unsqueeze(0).expand(members.shape).masked_fill(~members, -torch.inf)
+    maxima = grouped.amax(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).min)  # padded rows: all -inf
+    weights = torch.exp(grouped - maxima)
+    weights = weights / weights.sum(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).tiny)
+    summaries = weights.to(routed.dtype) @ routed
+    fields = (
+        base_fields
+        + head.option_summary_norm(summaries)
+        + head.global_projection(global_vectors)
+        + head.type_embedding(inputs.question_types)
+    ).unsqueeze(0)
+    for layer in head.layers:
+        fields = layer(
+            fields, memory, tgt_key_padding_mask=inputs.question_padding, memory_key_padding_mask=memory_padding
+        )
+    fields = head.field_norm(fields.squeeze(0))
+
+    anchor = F.normalize(question_vectors.index_select(0, option_question) + global_vectors, dim=-1)
+    prior_scale = head.prior_logit_scale.clamp(max=MAX_LOG_SCALE).exp()
+    prior = prior_scale * (F.normalize(lexical, dim=-1) * anchor).sum(-1)
+    options = head.option_norm(routed)
+    option_fields = fields.index_select(0, option_question)
+    cosine = F.cosine_similarity(option_fields, options, dim=-1)
+    features = torch.cat([option_fields, options, option_fields * options, (option_fields - options).abs()], dim=-1)
+    residual = head.residual_scorer(features).squeeze(-1)
+    joint = head.joint_logit_scale.clamp(max=MAX_LOG_SCALE).exp() * cosine + residual
+    return prior + torch.sigmoid(head.residual_gate) * joint
+
+
+class _Captured(NamedTuple):
+    inputs: StaticInputs
+    graph: torch.cuda.CUDAGraph | None
+    output: torch.Tensor | None
+    table: int | None  # address of the lm_head table the graph reads (baked into the graph)
+
+
+class GraphedHead:
+    """A :class:`JointSchemaHead` whose one-record batches replay CUDA graphs (see the module docstring).
+
+    Called like the head. ``graphs=False`` runs the static pass eagerly instead of capturing it (same
+    inputs, same kernels). Graphs are captured on first use of a bucket; :attr:`captures` counts them.
+    A graph reads the head's parameters and the lm_head table at the addresses they had when it was
+    captured: a bucket's graph is captured again when a call passes a table at another address.
+    """
+
+    def __init__(self, head: JointSchemaHead, graphs: bool = True) -> None:
+        self.head = head
+        self.graphs = graphs
+        self.config = head.config
+        self._captured: dict[Bucket, _Captured] = {}
+        self._pool: object | None = None
+        self.captures = 0
+
+    def __call__(
+        self,
+        hidden_states: Sequence[torch.Tensor],
+        input_ids: Sequence[torch.Tensor],
+        layouts: Sequence[RecordLayout],
+        lm_head_weight: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """Option logits per record, as :meth:`JointSchemaHead.forward` returns them."""
+        if len(layouts) == 1:
+            bucket = Bucket.of(len(input_ids[0]), layouts[0])
+            if bucket.fits() and (lm_head_weight.device.type == "cuda" or not self.graphs):
+                return [self.one_record(hidden_states[0], input_ids[0], layouts[0], lm_head_weight, bucket)]
+        return self.head(hidden_states, input_ids, layouts, lm_head_weight)
+
+    def one_record(
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, layout: RecordLayout, lm_head_weight: torch.Tensor,
+        bucket: Bucket,
+    ) -> torch.Tensor:
+        """Logits [options] of one record through its bucket's static pass (a graph replay on CUDA)."""
+        device = lm_head_weight.device
+        captured = self._captured.get(bucket)
+        if captured is None:
+            captured = self._allocate(bucket, hidden.shape[-1], hidden.dtype, device)
+        inputs = captured.inputs
+        length = len(token_ids)
+        for name, value in host_inputs(length, token_ids, layout, bucket).items():
+            target = getattr(inputs, name)
+            if device.type == "cuda":
+                value = value.pin_memory()
+            target.copy_(value, non_blocking=True)
+        inputs.hidden[:length].copy_(hidden)
+        if not self.graphs:
+            return static_forward(self.head, inputs, lm_head_weight)[: layout.option_count].clone()
+        if captured.graph is None or captured.table != lm_head_weight.data_ptr():
+            captured = self._capture(bucket, captured.inputs, lm_head_weight)
+        captured.graph.replay()
+        return captured.output[: layout.option_count].clone()
+
+    def _allocate(self, bucket: Bucket, hidden_size: int, dtype: torch.dtype, device: torch.device) -> _Captured:
+        tokens, questions, options = bucket.tokens, bucket.questions, bucket.options
+        with torch.inference_mode(False), torch.no_grad():
+            inputs = StaticInputs(
+                hidden=torch.zeros(tokens, hidden_size, dtype=dtype, device=device),
+                token_ids=torch.zeros(tokens, dtype=torch.long, device=device),
+                memory_padding=torch.ones(1, tokens, dtype=torch.bool, device=device),
+                last_token=torch.zeros(1, dtype=torch.long, device=device),
+                question_members=torch.zeros(questions, tokens, device=device),
+                question_lengths=torch.ones(questions, 1, device=device),
+                option_members=torch.zeros(options, tokens, device=device),
+                option_lengths=torch.ones(options, 1, device=device),
+                option_question=torch.zeros(options, dtype=torch.long, device=device),
+                question_options=torch.zeros(questions, options, dtype=torch.bool, device=device),
+                question_types=torch.zeros(questions, dtype=torch.long, device=device),
+                question_padding=torch.ones(1, questions, dtype=torch.bool, device=device),
+            )
+        captured = _Captured(inputs, None, None, None)
+        self._captured[bucket] = captured
+        return captured
+
+    def _capture(self, bucket: Bucket, inputs: StaticInputs, lm_head_weight: torch.Tensor) -> _Captured:
+        """Warm the bucket's static pass up on a side stream, then capture it (inputs already filled)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            static_forward(self.head, inputs, lm_head_weight)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        # thread_local: an engine's other threads may use CUDA while this one captures
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"), torch.no_grad():
+            output = static_forward(self.head, inputs, lm_head_weight)
+        captured = _Captured(inputs, graph, output, lm_head_weight.data_ptr())
+        self._captured[bucket] = captured
+        self.captures += 1
+        return captured
