@@ -10,12 +10,14 @@ from http import HTTPStatus
 from typing import Any, Sequence
 
 from clef_head.answers import build_response
-from clef_head.encoder import EncodedRequest, SchemaTooLong, encode_request
+from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
 from clef_head.request import DEFAULT_LIMITS, InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor import metrics
 from predictor.engines.base import Engine, EngineDead
-from predictor.errors import ENGINE_ERROR, NOT_FOUND, UNAVAILABLE, ApiError, bad_request, join_param
+from predictor.errors import ENGINE_ERROR, NOT_FOUND, TOO_LARGE, UNAVAILABLE, ApiError, invalid_field, parse_param
 from predictor.observe import record_tokens
+from predictor.request_policy import RequestPolicy
+from predictor.route_guard import quoted
 
 log = logging.getLogger(__name__)
 
@@ -40,33 +42,47 @@ class SystemOneService:
         self.engine = engine
         self.card = card
         self.limits = limits
+        self.policy = RequestPolicy()
         self.ready = False
 
     def validate(self, body: Any, prefix: str = "") -> SystemOneRequest:
-        """A validated request, or a 400 (404 for another model's name) naming the field under ``prefix``."""
+        """A validated request, or a 422 (404 for another model's name) naming the field under ``prefix``."""
+        where = parse_param(prefix)
         try:
             request = parse_request(body, self.limits)
         except InvalidRequest as exc:
-            raise bad_request(exc.message, join_param(prefix, exc.param)) from None
-        if request.model != self.card.name:
+            raise invalid_field(exc.message, (*where, *exc.loc), exc.kind) from None
+        if not self.policy.serves(self.card.name, request.model):
+            served = ", ".join(map(repr, (self.card.name, *self.policy.aliases)))
             raise ApiError(
                 HTTPStatus.NOT_FOUND,
                 NOT_FOUND,
-                f"model {request.model!r} is not served here; this server serves {self.card.name!r}",
-                join_param(prefix, "model"),
+                f"model {quoted(request.model)} is not served here; this server serves {served}",
+                (*where, "model"),
             )
         return request
 
     def encode(self, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
-        """The prompt, or a 400 with the token counts when the schema alone exceeds the maximum length."""
+        """The prompt, or a 422 with the token counts when the schema alone exceeds the maximum length
+        (a 413 when the state does not fit and the policy refuses over-long states)."""
         started = time.perf_counter()
+        where = parse_param(prefix)
         try:
-            encoded = encode_request(self.engine.tokenizer, request, max_length=self.engine.max_length)
+            encoded = encode_request(
+                self.engine.tokenizer, request, max_length=self.engine.max_length, overflow=self.policy.state_overflow
+            )
         except SchemaTooLong as exc:
-            raise bad_request(
+            raise invalid_field(
                 f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
                 f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
-                join_param(prefix, "questions"),
+                (*where, "questions"),
+            ) from None
+        except StateTooLong as exc:
+            raise ApiError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                TOO_LARGE,
+                f"{exc} (--max-model-len {exc.maximum}); send a shorter state or fewer questions",
+                (*where, "state"),
             ) from None
         metrics.STAGE_SECONDS.labels(stage="encode").observe(time.perf_counter() - started)
         return encoded
@@ -95,7 +111,8 @@ class SystemOneService:
         metrics.INPUT_TOKENS.inc(tokens)
         metrics.PROMPT_TOKENS.observe(tokens)
         record_tokens(tokens)
-        response = build_response(request, encoded.layout, logits, tokens, model_name=self.card.name)
+        response = build_response(request, encoded.layout, logits, tokens)
+        response["usage"]["state_truncated"] = encoded.state_truncated
         metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - scored)
         return response
 
@@ -106,8 +123,35 @@ class SystemOneService:
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
         """Responses for several bodies; all are validated and encoded before any is scored."""
         self.check_ready()
-        requests = [self.validate(body, prefix) for body, prefix in zip(bodies, prefixes)]
-        encoded = await asyncio.to_thread(
-            lambda: [self.encode(request, prefix) for request, prefix in zip(requests, prefixes)]
+        prepared = await asyncio.to_thread(
+            lambda: [self.prepare(body, prefix) for body, prefix in zip(bodies, prefixes)]
         )
-        return list(await asyncio.gather(*(self.score(r, e) for r, e in zip(requests, encoded))))
+        return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
+
+    def prepare(self, body: Any, prefix: str = "") -> tuple[SystemOneRequest, EncodedRequest]:
+        """Validate and encode one body (CPU work: callers run it off the event loop)."""
+        request = self.validate(body, prefix)
+        return request, self.encode(request, prefix)
+
+    async def answer_each(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
+        """One response or one error body per item; the valid items are scored together."""
+        self.check_ready()
+
+        def prepare_each() -> list[tuple[SystemOneRequest, EncodedRequest] | ApiError]:
+            results: list[tuple[SystemOneRequest, EncodedRequest] | ApiError] = []
+            for body, prefix in zip(bodies, prefixes):
+                try:
+                    results.append(self.prepare(body, prefix))
+                except ApiError as error:
+                    results.append(error)
+            return results
+
+        async def answer(item: tuple[SystemOneRequest, EncodedRequest] | ApiError) -> dict[str, Any]:
+            if isinstance(item, ApiError):
+                return {"status": item.status, **item.body()}
+            try:
+                return await self.score(*item)
+            except ApiError as error:
+                return {"status": error.status, **error.body()}
+
+        return list(await asyncio.gather(*(answer(item) for item in await asyncio.to_thread(prepare_each))))
