@@ -1,0 +1,97 @@
+"""Small bodies that used to cost much: ``python -m reliability.costly_bodies --url URL --pid PID``.
+
+- a zstd body of a few hundred bytes whose state is 8 MiB of digits: its latency, and the server's peak
+  RSS above its level before (sampled every 5 ms from /proc: run on the server's machine);
+- a gzip body of a few KB holding 660,000 JSON lists: the longest ``GET /health`` while it is answered.
+Prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import time
+from typing import Any
+
+import httpx
+
+from reliability.common import MODEL_NAME, loopback_url, mib, rss_bytes
+
+try:  # Python 3.14+ ships zstd in the standard library.
+    from compression.zstd import compress as zstd_compress  # type: ignore[import-not-found]
+except ImportError:
+    from backports.zstd import compress as zstd_compress
+
+
+def digits_body(model: str) -> bytes:
+    """The zstd body: 8 MiB of digits as the state, one question."""
+    raw = json.dumps({"model": model, "state": "9" * (8 << 20), "questions": {"q": {"type": "noul"}}}).encode()
+    return zstd_compress(raw, 19)
+
+
+def lists_body(model: str) -> bytes:
+    """The gzip body: a state of 660,000 empty lists."""
+    raw = json.dumps({"model": model, "state": [[]] * 660_000, "questions": {"q": {"type": "noul"}}}).encode()
+    return gzip.compress(raw, 9)
+
+
+async def measure(url: str, pid: int | None, model: str, repeats: int) -> dict[str, Any]:
+    """Send each costly body ``repeats`` times; return latencies, peak RSS growth and the worst /health."""
+    url = loopback_url(url)
+    digits, lists = digits_body(model), lists_body(model)
+    result: dict[str, Any] = {"digits_body_bytes": len(digits), "lists_body_bytes": len(lists)}
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        for name, body, encoding in (("digits", digits, "zstd"), ("lists", lists, "gzip")):
+            latencies, peaks, statuses, health = [], [], [], []
+            for _ in range(repeats):
+                baseline = rss_bytes(pid) if pid else 0
+                peak = baseline
+                done = asyncio.Event()
+
+                async def sample() -> None:
+                    nonlocal peak
+                    while not done.is_set():
+                        peak = max(peak, rss_bytes(pid) if pid else 0)
+                        await asyncio.sleep(0.005)
+
+                async def probe() -> None:
+                    while not done.is_set():
+                        begun = time.perf_counter()
+                        await http.get("/health")
+                        health.append(time.perf_counter() - begun)
+                        await asyncio.sleep(0.02)
+
+                tasks = [asyncio.create_task(sample()), asyncio.create_task(probe())]
+                begun = time.perf_counter()
+                response = await http.post(
+                    "/v1/systemone", content=body, headers={"content-type": "application/json", "content-encoding": encoding}
+                )
+                latencies.append(time.perf_counter() - begun)
+                done.set()
+                await asyncio.gather(*tasks)
+                statuses.append(response.status_code)
+                peaks.append(peak - baseline)
+            result[name] = {
+                "statuses": statuses,
+                "latency_s_max": round(max(latencies), 3),
+                "peak_rss_growth_mib_max": mib(max(peaks)) if pid else None,
+                "health_latency_s_max": round(max(health), 3) if health else None,
+            }
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(prog="python -m reliability.costly_bodies", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="predictor base URL (loopback only)")
+    parser.add_argument("--pid", type=int, default=None, help="the predictor's process id, for peak RSS")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default=MODEL_NAME)
+    args = parser.parse_args(argv)
+    print(json.dumps(asyncio.run(measure(args.url, args.pid, args.model, args.repeats)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
