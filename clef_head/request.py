@@ -5,7 +5,8 @@ A request has a ``model`` name, a ``state`` (any JSON value) and ``questions``: 
 
 What the original release code answers is accepted within the hosted API's limits: a top-level ``id``,
 fields it does not read (ignored, logged at debug level), numbers and booleans as instructions or
-descriptions (rendered as JSON text, as it does) and an empty question id. Nesting deeper than
+descriptions (rendered as JSON text, as it does) and an empty question id (with instructions: without
+them the question would have no text at all). Nesting deeper than
 ``RequestLimits.max_depth`` is refused before any other work.
 """
 
@@ -167,6 +168,10 @@ class SystemOneRequest(_Strict):
         for question_id in value:
             if len(question_id) > limits.max_id_chars:
                 raise ValueError(f"question ids must have at most {limits.max_id_chars} characters")
+        empty = value.get("")
+        if empty is not None and empty.instructions in (None, ""):
+            # The question's text would be empty: the head would average over no tokens.
+            raise ValueError("a question with an empty id needs instructions")
         return value
 
     @field_validator("images", "videos", "assets")
@@ -197,7 +202,28 @@ _REPORTED_DEPTH = 4  # a too-deep value is reported at its first four path compo
 
 
 def check_json(body: Any, max_depth: int) -> None:
-    """Refuse values JSON cannot hold and nesting deeper than ``max_depth`` (iterative: no recursion limit)."""
+    """Refuse values JSON cannot hold and nesting deeper than ``max_depth`` (iterative: no recursion limit).
+
+    A fast walk finds whether something is wrong; only then a second walk finds where.
+    """
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            if depth >= max_depth or not all(type(key) is str for key in value):
+                _locate_json_error(body, max_depth)
+            stack.extend((child, depth + 1) for child in value.values())
+        elif kind is list:
+            if depth >= max_depth:
+                _locate_json_error(body, max_depth)
+            stack.extend((child, depth + 1) for child in value)
+        elif not (value is None or isinstance(value, (str, int, float))):
+            _locate_json_error(body, max_depth)
+
+
+def _locate_json_error(body: Any, max_depth: int) -> None:
+    """Raise the :class:`InvalidRequest` for the first bad value of ``body``, with its field path."""
     stack: list[tuple[Any, int, Location]] = [(body, 0, ())]
     while stack:
         value, depth, where = stack.pop()
@@ -212,9 +238,10 @@ def check_json(body: Any, max_depth: int) -> None:
         if depth >= max_depth:
             raise InvalidRequest(where, f"nested deeper than {max_depth} levels", "too_deep")
         for key, child in children:
-            if not isinstance(key, (str, int)):
+            if isinstance(value, dict) and not isinstance(key, str):
                 raise InvalidRequest(where, "object keys must be strings", "json_type")
             stack.append((child, depth + 1, (*where, key) if len(where) < _REPORTED_DEPTH else where))
+    raise AssertionError("a JSON error was found and then not located")
 
 
 _QUESTION_FIELDS = {name: set(model.model_fields) for name, model in (

@@ -5,11 +5,16 @@ Decompressed bodies are bounded by the same limit (a small compressed body canno
 A body must arrive within ``body_timeout`` seconds (408 otherwise: a slow sender cannot hold a request
 open), decompression runs off the event loop, and KServe V2 binary and CloudEvent bodies are checked
 before KServe decodes them (``predictor.kserve_inputs``).
+
+A JSON body may hold at most ``MAX_JSON_CONTAINERS`` arrays and objects, counted on the raw bytes before
+anything parses it: a few KB of gzip can hold hundreds of thousands of empty lists, and building that
+many Python objects holds the interpreter for seconds whatever thread does it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import zlib
 from http import HTTPStatus
 from typing import Any, Callable
@@ -30,6 +35,28 @@ Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
 SUPPORTED_ENCODINGS = ("zstd", "gzip", "identity")
+MAX_JSON_CONTAINERS = 100_000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_containers(raw: bytes) -> int:
+    """Arrays and objects in a JSON text: brackets outside strings (an upper bound if it is not JSON)."""
+    count = raw.count(b"[") + raw.count(b"{")
+    if count <= MAX_JSON_CONTAINERS:
+        return count
+    unquoted = _JSON_STRING.sub(b"", raw)
+    return unquoted.count(b"[") + unquoted.count(b"{")
+
+
+def check_json_containers(raw: bytes) -> None:
+    """413 when a body holds more than :data:`MAX_JSON_CONTAINERS` arrays and objects."""
+    count = json_containers(raw)
+    if count > MAX_JSON_CONTAINERS:
+        raise ApiError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            TOO_LARGE,
+            f"the request body holds {count} JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}",
+        )
 
 
 def _too_large(limit: int, what: str = "request body") -> ApiError:
@@ -118,6 +145,8 @@ class RequestBodyMiddleware:
             encoding = headers.get("content-encoding", "")
             if encoding:
                 body = await asyncio.to_thread(decode_body, body, encoding, self.max_body_bytes)
+            if len(body) > MAX_JSON_CONTAINERS:
+                await asyncio.to_thread(check_json_containers, body)
             kserve_error = kserve_body_error(scope["path"], headers, body)
             if kserve_error is not None:
                 raise kserve_error

@@ -6,12 +6,14 @@ request's headers. Here the HTTP protocol is h11 (its ``h11_max_incomplete_event
 of a request line plus headers: past it, 431/400 and the connection closes), every connection must
 deliver a request's headers within ``header_timeout`` seconds of opening or of its previous response
 (else it is closed), and ``limit_concurrency`` answers 503 past ``max_connections`` connections.
+The heap built at startup is frozen (``gc.freeze``) before serving.
 The body's own timeout and size are the request-body middleware's (``predictor.http_body``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +83,9 @@ class ClefModelServer(kserve.ModelServer):
     def setup_event_loop(self) -> None:
         """KServe's loop setup, then the limits (the REST server exists by now and has not started)."""
         super().setup_event_loop()
+        # The startup heap (engine, tokenizer, modules) is long-lived: frozen, the collections that a
+        # request's many new objects trigger do not walk it again and again.
+        gc.freeze()
         rest = self._rest_server
         assert rest is not None, "one REST server (workers=1) is expected"
         config = rest.config

@@ -1,6 +1,6 @@
 """Small bodies that used to cost much: ``python -m reliability.costly_bodies --url URL --pid PID``.
 
-- a zstd body of a few hundred bytes whose state is 8 MiB of digits: its latency, and the server's peak
+- a zstd body of a few hundred bytes whose state is 8 MiB of digits (just under the default --max-body-bytes): its latency, and the server's peak
   RSS above its level before (sampled every 5 ms from /proc: run on the server's machine);
 - a gzip body of a few KB holding 660,000 JSON lists: the longest ``GET /health`` while it is answered.
 Prints the figures as JSON.
@@ -27,7 +27,7 @@ except ImportError:
 
 def digits_body(model: str) -> bytes:
     """The zstd body: 8 MiB of digits as the state, one question."""
-    raw = json.dumps({"model": model, "state": "9" * (8 << 20), "questions": {"q": {"type": "noul"}}}).encode()
+    raw = json.dumps({"model": model, "state": "9" * ((8 << 20) - 512), "questions": {"q": {"type": "noul"}}}).encode()
     return zstd_compress(raw, 19)
 
 

@@ -143,7 +143,7 @@ def _compressed(rng: random.Random, raw: bytes) -> tuple[bytes, str]:
         return data[: rng.randrange(1, len(data))], "gzip"  # truncated
     if pick == 6:
         return raw, rng.choice(["br", "deflate", "gzip", "zstd", "x-unknown", ",,", "identity, identity"])
-    return _bomb("zstd-digits"), "zstd"  # 8 MiB of digits as the state
+    return _bomb("zstd-digits"), "zstd"  # 8 MiB of digits as the state (past a smaller --max-body-bytes: 413)
 
 
 def _v2_binary(rng: random.Random, model: str) -> Case:

@@ -63,8 +63,10 @@ INVALID = [
     ("score with one level", _with("questions.urgency.criteria", ["only"]), "questions.urgency.criteria", "2 to 10 levels, got 1"),
     ("score with 11 levels", _with("questions.urgency.criteria", [str(i) for i in range(11)]), "questions.urgency.criteria", "got 11"),
     ("score criteria an object", _with("questions.urgency.criteria", {"a": "b"}), "questions.urgency.criteria", "list"),
+    ("empty question id without instructions", _with("questions", {"": {"type": "noul"}}), "questions", "empty id needs instructions"),
     ("long question id", _with("questions", {"q" * 257: {"type": "noul"}}), "questions", "at most 256"),
     ("instructions a set", _with("questions.billing.instructions", {1, 2}), "questions.billing.instructions", "JSON value"),
+    ("state with a number as a key", _with("state", {"a": {1: "x"}}), "state.a", "keys must be strings"),
     ("state nested too deep", _with("state", _nested(200)), "state.0.0.0", "deeper than 128 levels"),
     ("description nested too deep", _with("questions.tone.criteria", {"calm": _nested(130), "angry": None}), "questions.tone.criteria.calm", "deeper than 128"),
     ("score level null", _with("questions.urgency.criteria", ["low", None]), "questions.urgency.criteria.1", ""),
@@ -93,7 +95,7 @@ ORIGINAL_ACCEPTS = [
     ("numeric noul criterion", _with("questions.billing.criteria", {"true": 1})),
     ("numeric choice description", _with("questions.tone.criteria", {"calm": 1.5, "angry": None})),
     ("numeric score level", _with("questions.urgency.criteria", [0, 10])),
-    ("empty question id", _with("questions", {"": {"type": "noul"}})),
+    ("empty question id", _with("questions", {"": {"type": "noul", "instructions": "Is it?"}})),
     ("state nested 127 levels", _with("state", _nested(127))),
 ]
 

@@ -12,7 +12,7 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
     result = asyncio.run(
         run(
             "sigterm",
-            ["--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "256", "--max-batch", "4"],
+            ["--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4"],
             clients=4,
             load_seconds=3,
             exit_timeout=120,

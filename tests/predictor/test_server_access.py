@@ -13,7 +13,7 @@ from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, star
 
 KEY, SECOND_KEY, ENV_KEY = "key-one", "key-two", "key-from-env"
 ALIAS = "jev-latest"
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 512
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
         assert answer.model == ALIAS and answer.request_id
         assert [model.name for model in client.models.list().models] == [MODEL_NAME]
         with pytest.raises(TypeSafeAPIError) as too_long:
-            client.system_one("charged twice " * 2000, questions)
+            client.system_one("charged twice " * 4000, questions)
         assert too_long.value.status == 413
         assert "state: the state needs more than" in str(too_long.value) and f"{MAX_MODEL_LEN}-token prompt" in str(too_long.value)
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key="wrong", model=ALIAS, timeout=300) as client:

@@ -424,7 +424,7 @@ def test_what_the_original_answers_is_answered(client: httpx.Client) -> None:
     body["temperature"] = 0.1
     body["questions"]["urgent"]["instructions"] = 5
     body["questions"]["urgent"]["weight"] = 2
-    body["questions"][""] = {"type": "noul"}
+    body["questions"][""] = {"type": "noul", "instructions": "Is anything else asked?"}
     response = client.post("/v1/systemone", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["answers"].keys() == {"urgent", "topic", "tone", ""}
@@ -468,7 +468,7 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
         assert caught.value.body["detail"][0]["loc"] == ["body", "questions", "q", "criteria"]
     with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="jev-latest", timeout=300) as client:
         with pytest.raises(TypeSafeNotFoundError) as missing:
-            client.system_one("hello", {"q": typesafe_sdk.Noul()})
+            client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
         assert "model: model 'jev-latest' is not served here" in str(missing.value)
 
 
