@@ -5,8 +5,8 @@ its numbered options, so the backbone reads the whole schema in one pass. The la
 each question's instruction and each option's description sit in the token sequence.
 
 Work is bounded before it is done: a state longer than the prompt can hold is tokenized from a prefix
-of its text (a few characters per token of room, widened until the prefix yields enough tokens), never
-in full. Where the state fits, the whole text is tokenized, so prompts are unchanged; where it is cut,
+of its text (two characters per token of room, widened by the ratio seen until the prefix yields enough
+tokens), never in full. Where the state fits, the whole text is tokenized, so prompts are unchanged; where it is cut,
 the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``), where the cut cannot
 reach. Tokenizer calls hold one lock: a fast tokenizer shared across threads can fail with
 "Already borrowed" when two threads use it at once.
@@ -35,8 +35,9 @@ NOUL_DEFAULTS: dict[str, str] = {
 DEFAULT_MAX_LENGTH = 16384
 #: Tokens tokenized past the state's room, so that cutting the text cannot change the kept tokens.
 STATE_MARGIN_TOKENS = 64
-#: First guess of characters per token when sizing the state's text prefix (widened x4 while short).
-CHARS_PER_TOKEN_GUESS = 8
+#: First guess of characters per token when sizing the state's text prefix; a prefix that yields too few
+#: tokens is widened by the ratio it showed (and at least doubled).
+CHARS_PER_TOKEN_GUESS = 2
 StateOverflow = Literal["truncate", "refuse"]
 STATE_OVERFLOW_CHOICES: tuple[str, ...] = ("truncate", "refuse")
 _tokenizer_lock = threading.Lock()
@@ -114,12 +115,13 @@ def state_ids(tokenizer: Tokenizer, text: str, room: int) -> tuple[list[int], in
 
     Returns (kept ids, tokens seen, whether every token of the text was seen).
     """
-    budget = (room + STATE_MARGIN_TOKENS) * CHARS_PER_TOKEN_GUESS
+    wanted = room + STATE_MARGIN_TOKENS
+    budget = wanted * CHARS_PER_TOKEN_GUESS
     while len(text) > budget:
         ids = _ids(tokenizer, text[:budget])
-        if len(ids) >= room + STATE_MARGIN_TOKENS:
+        if len(ids) >= wanted:
             return ids[:room], len(ids), False
-        budget *= 4
+        budget = max(2 * budget, (wanted * budget * 5) // (4 * max(len(ids), 1)))
     ids = _ids(tokenizer, text)
     return ids[:room], len(ids), True
 

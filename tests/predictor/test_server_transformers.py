@@ -25,6 +25,7 @@ from tests.predictor.conftest import (
 
 MAX_BODY_BYTES = 65536
 MAX_MODEL_LEN = 512
+SLOW_CLIENT_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,8 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         "--max-model-len", str(MAX_MODEL_LEN),
         "--max-batch", "8",
         "--max-body-bytes", str(MAX_BODY_BYTES),
+        "--header-timeout", str(SLOW_CLIENT_TIMEOUT_S),
+        "--body-timeout", str(SLOW_CLIENT_TIMEOUT_S),
         "--json-logs",
     )
     yield running
@@ -470,6 +473,40 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
         with pytest.raises(TypeSafeNotFoundError) as missing:
             client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
         assert "model: model 'jev-latest' is not served here" in str(missing.value)
+
+
+def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes, float]:
+    """Send ``data`` on a fresh connection; return what came back before it closed, and how long that took."""
+    import socket
+    import time
+
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait_s) as sock:
+        received = b""
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading (an oversized request): what it answered is still read below
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return received, time.monotonic() - started
+
+
+def test_slow_and_oversized_clients_are_cut_off(server: Predictor, client: httpx.Client) -> None:
+    unfinished_headers, seconds = _raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", 120)
+    assert unfinished_headers == b"" and SLOW_CLIENT_TIMEOUT_S - 1 <= seconds < 60, seconds
+    body = json.dumps(simple_request()).encode()
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    unfinished_body, seconds = _raw_exchange(server, head + body[:10], 120)
+    assert unfinished_body.startswith(b"HTTP/1.1 408") and b"request_timeout" in unfinished_body, unfinished_body[:300]
+    assert seconds < 60
+    huge = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+    answer, _ = _raw_exchange(server, huge, 120)
+    assert answer == b"" or answer.split(b" ")[1] in (b"400", b"431"), answer[:200]
+    assert client.get("/health").status_code == 200
 
 
 # Short samples of the reliability scripts (the full runs and their figures: BENCHMARKS.md, "Reliability").
