@@ -3,13 +3,21 @@
 The prompt is a chat-formatted text: the system instruction, the state, then every question with
 its numbered options, so the backbone reads the whole schema in one pass. The layout records where
 each question's instruction and each option's description sit in the token sequence.
+
+Work is bounded before it is done: a state longer than the prompt can hold is tokenized from a prefix
+of its text (two characters per token of room, widened by the ratio seen until the prefix yields enough
+tokens), never in full. Where the state fits, the whole text is tokenized, so prompts are unchanged; where it is cut,
+the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``), where the cut cannot
+reach. Tokenizer calls hold one lock: a fast tokenizer shared across threads can fail with
+"Already borrowed" when two threads use it at once.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from clef_head.layout import QUESTION_TYPE_IDS, QuestionLayout, RecordLayout
 from clef_head.request import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest
@@ -25,6 +33,14 @@ NOUL_DEFAULTS: dict[str, str] = {
     "false": "The proposition is false or the answer is no.",
 }
 DEFAULT_MAX_LENGTH = 16384
+#: Tokens tokenized past the state's room, so that cutting the text cannot change the kept tokens.
+STATE_MARGIN_TOKENS = 64
+#: First guess of characters per token when sizing the state's text prefix; a prefix that yields too few
+#: tokens is widened by the ratio it showed (and at least doubled).
+CHARS_PER_TOKEN_GUESS = 2
+StateOverflow = Literal["truncate", "refuse"]
+STATE_OVERFLOW_CHOICES: tuple[str, ...] = ("truncate", "refuse")
+_tokenizer_lock = threading.Lock()
 
 
 class Tokenizer(Protocol):
@@ -44,12 +60,25 @@ class SchemaTooLong(ValueError):
         self.maximum = maximum
 
 
+class StateTooLong(ValueError):
+    """The state does not fit the room the questions leave (raised only when overflow is refused)."""
+
+    def __init__(self, state_tokens: int, exact: bool, room: int, maximum: int) -> None:
+        needed = f"{state_tokens}" if exact else f"more than {state_tokens}"
+        super().__init__(f"the state needs {needed} tokens; {room} of the {maximum}-token prompt are left for it")
+        self.state_tokens = state_tokens
+        self.exact = exact
+        self.room = room
+        self.maximum = maximum
+
+
 @dataclass(frozen=True)
 class EncodedRequest:
-    """Token ids of one prompt and the layout of its questions."""
+    """Token ids of one prompt, the layout of its questions, and whether the state was cut to fit."""
 
     input_ids: list[int]
     layout: RecordLayout
+    state_truncated: bool = False
 
 
 def render_json(value: Any) -> str:
@@ -81,12 +110,35 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def state_ids(tokenizer: Tokenizer, text: str, room: int) -> tuple[list[int], int, bool]:
+    """The first ``room`` tokens of ``text``, tokenizing only as much of it as needed.
+
+    Returns (kept ids, tokens seen, whether every token of the text was seen).
+    """
+    wanted = room + STATE_MARGIN_TOKENS
+    budget = wanted * CHARS_PER_TOKEN_GUESS
+    while len(text) > budget:
+        ids = _ids(tokenizer, text[:budget])
+        if len(ids) >= wanted:
+            return ids[:room], len(ids), False
+        budget = max(2 * budget, (wanted * budget * 5) // (4 * max(len(ids), 1)))
+    ids = _ids(tokenizer, text)
+    return ids[:room], len(ids), True
+
+
 def encode_request(
     tokenizer: Tokenizer,
     request: SystemOneRequest,
     max_length: int = DEFAULT_MAX_LENGTH,
+    overflow: StateOverflow = "truncate",
 ) -> EncodedRequest:
-    """Encode a validated request. The state is cut to fit ``max_length``; the schema never is."""
+    """Encode a validated request. The state is cut to fit ``max_length`` (or refused with
+    :class:`StateTooLong` when ``overflow`` is ``"refuse"``); the schema never is."""
+    with _tokenizer_lock:
+        return _encode(tokenizer, request, max_length, overflow)
+
+
+def _encode(tokenizer: Tokenizer, request: SystemOneRequest, max_length: int, overflow: StateOverflow) -> EncodedRequest:
     schema = _ids(tokenizer, "\n\nSCHEMA FIELDS:\n")
     relative: list[QuestionLayout] = []
     for number, (question_id, question) in enumerate(request.questions.items(), start=1):
@@ -129,7 +181,11 @@ def encode_request(
     fixed = len(head) + len(schema) + len(tail)
     if fixed > max_length:
         raise SchemaTooLong(fixed, max_length)
-    state = _ids(tokenizer, render_json(request.state))[: max_length - fixed]
+    room = max_length - fixed
+    state, seen, complete = state_ids(tokenizer, render_json(request.state), room)
+    truncated = seen > room
+    if truncated and overflow == "refuse":
+        raise StateTooLong(seen, complete, room, max_length)
     offset = len(head) + len(state)
     layout = RecordLayout(
         questions=tuple(
@@ -143,4 +199,4 @@ def encode_request(
             for q in relative
         )
     )
-    return EncodedRequest(input_ids=head + state + schema + tail, layout=layout)
+    return EncodedRequest(input_ids=head + state + schema + tail, layout=layout, state_truncated=truncated)

@@ -2,10 +2,17 @@
 
 A request has a ``model`` name, a ``state`` (any JSON value) and ``questions``: question id →
 ``noul`` (yes/no), ``choice`` (one label of ``criteria``) or ``score`` (one level of ``criteria``).
+
+What the original release code answers is accepted within the hosted API's limits: a top-level ``id``,
+fields it does not read (ignored, logged at debug level), numbers and booleans as instructions or
+descriptions (rendered as JSON text, as it does) and an empty question id (with instructions: without
+them the question would have no text at all). Nesting deeper than
+``RequestLimits.max_depth`` is refused before any other work.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
@@ -20,11 +27,14 @@ from pydantic import (
     field_validator,
 )
 
+log = logging.getLogger(__name__)
+Location = tuple[int | str, ...]
+_DESCRIPTION_TYPES = (str, dict, list, int, float)  # bool is an int
 
 
 def _description(value: Any) -> Any:
-    if not isinstance(value, (str, dict, list)):
-        raise ValueError("must be a string, a JSON object or a JSON array")
+    if not isinstance(value, _DESCRIPTION_TYPES):
+        raise ValueError("must be a string, a number, a boolean, a JSON object or a JSON array")
     return value
 
 
@@ -48,18 +58,22 @@ class RequestLimits:
     min_score_levels: int = 2
     max_score_levels: int = 10
     max_id_chars: int = 256
+    max_depth: int = 128
 
 
 DEFAULT_LIMITS = RequestLimits()
 
 
 class InvalidRequest(ValueError):
-    """A request that breaks a rule. ``param`` is the dotted path of the offending field."""
+    """A request that breaks a rule: ``loc`` is the path of the offending field, ``param`` its dotted form,
+    ``kind`` pydantic's error type (``missing``, ``value_error`` ...)."""
 
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}" if param else message)
-        self.param = param
+    def __init__(self, loc: Location, message: str, kind: str = "value_error") -> None:
+        self.loc = tuple(loc)
+        self.param = ".".join(str(part) for part in self.loc)
+        super().__init__(f"{self.param}: {message}" if self.param else message)
         self.message = message
+        self.kind = kind
 
 
 def _limits(info: ValidationInfo) -> RequestLimits:
@@ -68,7 +82,7 @@ def _limits(info: ValidationInfo) -> RequestLimits:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
 class NoulCriteria(_Strict):
@@ -133,13 +147,12 @@ Question = Annotated[
 
 
 class SystemOneRequest(_Strict):
-    """A ``POST /v1/systemone`` body. Media fields are accepted only when empty."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    """A ``POST /v1/systemone`` body. Media fields are accepted only when empty; ``id`` is not read."""
 
     model: str
-    state: JsonValue
+    state: Any  # any JSON value, checked by the walk in parse_request
     questions: dict[str, Question]
+    id: Any = None
     images: list[JsonValue] | None = None
     videos: list[JsonValue] | None = None
     assets: dict[str, JsonValue] | None = None
@@ -153,8 +166,12 @@ class SystemOneRequest(_Strict):
                 f"between 1 and {limits.max_questions} questions are required, got {len(value)}"
             )
         for question_id in value:
-            if not question_id or len(question_id) > limits.max_id_chars:
-                raise ValueError(f"question ids must have 1 to {limits.max_id_chars} characters")
+            if len(question_id) > limits.max_id_chars:
+                raise ValueError(f"question ids must have at most {limits.max_id_chars} characters")
+        empty = value.get("")
+        if empty is not None and empty.instructions in (None, ""):
+            # The question's text would be empty: the head would average over no tokens.
+            raise ValueError("a question with an empty id needs instructions")
         return value
 
     @field_validator("images", "videos", "assets")
@@ -165,13 +182,13 @@ class SystemOneRequest(_Strict):
         return value
 
 
-def _error_path(location: tuple[int | str, ...]) -> str:
-    """Dotted field path of a pydantic error location, without union tags."""
+def _error_location(location: tuple[int | str, ...]) -> Location:
+    """Field path of a pydantic error location, without union tags."""
     parts = list(location)
     # questions.<id>.<tag>.field: the discriminator tag is pydantic's, not the caller's.
     if len(parts) > 2 and parts[0] == "questions" and parts[2] in QUESTION_TYPES:
         del parts[2]
-    return ".".join(str(part) for part in parts)
+    return tuple(parts)
 
 
 def _error_message(error: dict[str, Any]) -> str:
@@ -181,12 +198,82 @@ def _error_message(error: dict[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
+_REPORTED_DEPTH = 4  # a too-deep value is reported at its first four path components (state, questions.q.criteria.x)
+
+
+def check_json(body: Any, max_depth: int) -> None:
+    """Refuse values JSON cannot hold and nesting deeper than ``max_depth`` (iterative: no recursion limit).
+
+    A fast walk finds whether something is wrong; only then a second walk finds where.
+    """
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            if depth >= max_depth or not all(type(key) is str for key in value):
+                _locate_json_error(body, max_depth)
+            stack.extend((child, depth + 1) for child in value.values())
+        elif kind is list:
+            if depth >= max_depth:
+                _locate_json_error(body, max_depth)
+            stack.extend((child, depth + 1) for child in value)
+        elif not (value is None or isinstance(value, (str, int, float))):
+            _locate_json_error(body, max_depth)
+
+
+def _locate_json_error(body: Any, max_depth: int) -> None:
+    """Raise the :class:`InvalidRequest` for the first bad value of ``body``, with its field path."""
+    stack: list[tuple[Any, int, Location]] = [(body, 0, ())]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict):
+            children = value.items()
+        elif isinstance(value, list):
+            children = enumerate(value)
+        elif value is None or isinstance(value, (str, int, float)):
+            continue
+        else:
+            raise InvalidRequest(where, f"{type(value).__name__} is not a JSON value", "json_type")
+        if depth >= max_depth:
+            raise InvalidRequest(where, f"nested deeper than {max_depth} levels", "too_deep")
+        for key, child in children:
+            if isinstance(value, dict) and not isinstance(key, str):
+                raise InvalidRequest(where, "object keys must be strings", "json_type")
+            stack.append((child, depth + 1, (*where, key) if len(where) < _REPORTED_DEPTH else where))
+    raise AssertionError("a JSON error was found and then not located")
+
+
+_QUESTION_FIELDS = {name: set(model.model_fields) for name, model in (
+    ("noul", NoulQuestion), ("choice", ChoiceQuestion), ("score", ScoreQuestion))}
+
+
+def unknown_fields(body: dict[str, Any]) -> list[str]:
+    """Dotted paths of the fields no model reads (ignored, as the original release code ignores them)."""
+    unknown = [key for key in body if key not in SystemOneRequest.model_fields]
+    questions = body.get("questions")
+    for question_id, question in questions.items() if isinstance(questions, dict) else ():
+        if not isinstance(question, dict) or question.get("type") not in _QUESTION_FIELDS:
+            continue
+        unknown += [f"questions.{question_id}.{key}" for key in question if key not in _QUESTION_FIELDS[question["type"]]]
+        criteria = question.get("criteria")
+        if question["type"] == "noul" and isinstance(criteria, dict):
+            unknown += [f"questions.{question_id}.criteria.{key}" for key in criteria if key not in ("true", "false")]
+    return unknown
+
+
 def parse_request(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> SystemOneRequest:
     """Validate a decoded JSON body; raise :class:`InvalidRequest` naming the first bad field."""
     if not isinstance(body, dict):
-        raise InvalidRequest("", "the request body must be a JSON object")
+        raise InvalidRequest((), "the request body must be a JSON object", "model_type")
+    check_json(body, limits.max_depth)
     try:
-        return SystemOneRequest.model_validate(body, context={"limits": limits})
+        request = SystemOneRequest.model_validate(body, context={"limits": limits})
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise InvalidRequest(_error_path(first["loc"]), _error_message(first)) from None
+        raise InvalidRequest(_error_location(first["loc"]), _error_message(first), str(first["type"])) from None
+    if log.isEnabledFor(logging.DEBUG):
+        ignored = unknown_fields(body)
+        if ignored:
+            log.debug("ignored fields the model does not read: %s", ", ".join(ignored)[:1000])
+    return request

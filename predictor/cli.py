@@ -13,24 +13,18 @@ import datetime
 import logging
 from pathlib import Path
 
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
+from predictor.api_args import add_api_args, check_api_args, http_limits, install_api, register_aliases
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
-from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
-from predictor.health import health_router
-from predictor.http_body import RequestBodyMiddleware
-from predictor.jev_api import add_routes
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
-from predictor.observe import RequestObserverMiddleware, configure_json_logs
+from predictor.observe import configure_json_logs
+from predictor.server_limits import ClefModelServer
 from predictor.service import ModelCard
-from predictor.service_errors import ServiceError
 
 log = logging.getLogger("predictor")
 
@@ -100,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models; without it, config.json's date"
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
+    add_api_args(parser)
     parser.set_defaults(model_name="clef-flash")
     return parser
 
@@ -124,6 +119,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--max-body-bytes must be at least 1024")
     if args.model_dir is not None and not args.model_dir.is_dir():
         parser.error(f"--model-dir {args.model_dir} is not a directory")
+    check_api_args(parser, args)
 
 
 def configure_logging(args: argparse.Namespace) -> None:
@@ -156,19 +152,6 @@ def model_card(args: argparse.Namespace, model_dir: Path, random: bool) -> Model
     return ModelCard(name=args.model_name, description=description, release_date=release_date)
 
 
-def install(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> None:
-    """Add our middleware, error handlers and routes to KServe's app (before the server starts)."""
-    assert model.service is not None, "load the model first"
-    app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes)
-    app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
-    app.add_middleware(GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay)
-    app.add_exception_handler(ApiError, api_error_handler)
-    app.add_exception_handler(ServiceError, service_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    add_routes(app, model.service)
-    app.include_router(health_router(model.lifecycle), tags=["Health"])
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, build the model and serve it until SIGTERM/SIGINT."""
     parser = build_parser()
@@ -176,7 +159,6 @@ def main(argv: list[str] | None = None) -> None:
     check_args(parser, args)
     configure_logging(args)
 
-    import kserve
     from kserve.model_server import app
 
     if args.model_dir is None:
@@ -203,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
-    install(app, model, args)
-    server = kserve.ModelServer(
+    install_api(app, model, args)
+    server = ClefModelServer(
+        http_limits(args),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=1,
@@ -220,4 +203,5 @@ def main(argv: list[str] | None = None) -> None:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
     )
+    register_aliases(server, model, args)
     server.start([model])

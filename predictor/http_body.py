@@ -2,17 +2,27 @@
 
 The middleware runs in front of every route, KServe's included, so each route reads a plain, bounded body.
 Decompressed bodies are bounded by the same limit (a small compressed body cannot expand without end).
+A body must arrive within ``body_timeout`` seconds (408 otherwise: a slow sender cannot hold a request
+open), decompression runs off the event loop, and KServe V2 binary and CloudEvent bodies are checked
+before KServe decodes them (``predictor.kserve_inputs``).
+
+A JSON body may hold at most ``MAX_JSON_CONTAINERS`` arrays and objects, counted on the raw bytes before
+anything parses it: a few KB of gzip can hold hundreds of thousands of empty lists, and building that
+many Python objects holds the interpreter for seconds whatever thread does it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 import zlib
 from http import HTTPStatus
 from typing import Any, Callable
 
 import orjson
 
-from predictor.errors import TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request
+from predictor.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request
+from predictor.kserve_inputs import kserve_body_error
 
 try:  # Python 3.14+ ships zstd in the standard library.
     from compression.zstd import ZstdDecompressor, ZstdError  # type: ignore[import-not-found]
@@ -25,6 +35,28 @@ Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
 SUPPORTED_ENCODINGS = ("zstd", "gzip", "identity")
+MAX_JSON_CONTAINERS = 100_000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_containers(raw: bytes) -> int:
+    """Arrays and objects in a JSON text: brackets outside strings (an upper bound if it is not JSON)."""
+    count = raw.count(b"[") + raw.count(b"{")
+    if count <= MAX_JSON_CONTAINERS:
+        return count
+    unquoted = _JSON_STRING.sub(b"", raw)
+    return unquoted.count(b"[") + unquoted.count(b"{")
+
+
+def check_json_containers(raw: bytes) -> None:
+    """413 when a body holds more than :data:`MAX_JSON_CONTAINERS` arrays and objects."""
+    count = json_containers(raw)
+    if count > MAX_JSON_CONTAINERS:
+        raise ApiError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            TOO_LARGE,
+            f"the request body holds {count} JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}",
+        )
 
 
 def _too_large(limit: int, what: str = "request body") -> ApiError:
@@ -86,9 +118,10 @@ def decode_json_body(raw: bytes, content_type: str) -> Any:
 class RequestBodyMiddleware:
     """Reads each request body once: rejects it past ``max_body_bytes`` and decompresses it."""
 
-    def __init__(self, app: Callable[..., Any], max_body_bytes: int) -> None:
+    def __init__(self, app: Callable[..., Any], max_body_bytes: int, body_timeout: float = 60.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -100,10 +133,23 @@ class RequestBodyMiddleware:
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
                 raise _too_large(self.max_body_bytes)
-            body = await self._read(receive)
+            try:
+                body = await asyncio.wait_for(self._read(receive), self.body_timeout)
+            except asyncio.TimeoutError:
+                raise ApiError(
+                    HTTPStatus.REQUEST_TIMEOUT,
+                    TIMEOUT,
+                    f"the request body did not arrive within {self.body_timeout:g} s",
+                    headers={"Connection": "close"},
+                ) from None
             encoding = headers.get("content-encoding", "")
             if encoding:
-                body = decode_body(body, encoding, self.max_body_bytes)
+                body = await asyncio.to_thread(decode_body, body, encoding, self.max_body_bytes)
+            if len(body) > MAX_JSON_CONTAINERS:
+                await asyncio.to_thread(check_json_containers, body)
+            kserve_error = kserve_body_error(scope["path"], headers, body)
+            if kserve_error is not None:
+                raise kserve_error
         except ApiError as error:
             await error.response()(scope, receive, send)
             return

@@ -1,48 +1,92 @@
-"""The TypeSafe System One / Jev API, added to KServe's FastAPI app.
+"""The TypeSafe System One / Jev API and the health route, added to KServe's FastAPI app.
 
 ``POST /v1/systemone`` answers at the root (beside KServe's routes). The whole Jev API, with its own
 ``GET /v1/models`` list, is also mounted under ``/jev`` so that ``TypeSafeClient(base_url=".../jev")``
 works unchanged while KServe's ``GET /v1/models`` keeps its KServe shape.
+
+``POST /v1/systemone/batch`` takes a JSON array of System One bodies and answers a JSON array of the same
+length: each item is a response, or ``{"status", "error", "detail"}`` for an item that failed; the valid
+items are submitted to the engine together. Bodies are parsed off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from predictor.errors import from_service_error, invalid_field
 from predictor.http_body import decode_json_body
 from predictor.service import SystemOneService
+from predictor.service_errors import ServiceError
 
 JEV_PREFIX = "/jev"
+DEFAULT_MAX_BATCH_ITEMS = 64
+
+
+async def read_json(request: Request) -> Any:
+    """The request's JSON body, parsed in a worker thread (a large body must not stall other requests)."""
+    return await asyncio.to_thread(decode_json_body, await request.body(), request.headers.get("content-type", ""))
 
 
 def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[JSONResponse]]:
     """The ``POST /v1/systemone`` handler."""
 
     async def system_one(request: Request) -> JSONResponse:
-        body = decode_json_body(await request.body(), request.headers.get("content-type", ""))
-        return JSONResponse(await service.answer(body))
+        return JSONResponse(await service.answer(await read_json(request)))
 
     return system_one
 
 
-def jev_router(service: SystemOneService) -> APIRouter:
-    """Routes of the Jev API: ``POST /v1/systemone`` and ``GET /v1/models`` (TypeSafe's shape)."""
+def error_item(error: ServiceError) -> dict[str, Any]:
+    """A failed batch item: its status and the error body it would have had alone."""
+    failure = from_service_error(error)
+    return {"status": int(failure.status), **failure.body()}
+
+
+def batch_handler(service: SystemOneService, max_items: int) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """The ``POST /v1/systemone/batch`` handler: an array of bodies, an array of answers or errors."""
+
+    async def batch(request: Request) -> JSONResponse:
+        bodies = await read_json(request)
+        if not isinstance(bodies, list) or not 1 <= len(bodies) <= max_items:
+            got = f"{len(bodies)} items" if isinstance(bodies, list) else f"a JSON {type(bodies).__name__}"
+            raise invalid_field(
+                f"the body must be a JSON array of 1 to {max_items} System One requests (--max-batch-items), got {got}",
+                (),
+                "list_type",
+            )
+        answers = await service.answer_each(bodies, [f"[{index}]" for index in range(len(bodies))])
+        return JSONResponse([item if isinstance(item, dict) else error_item(item) for item in answers])
+
+    return batch
+
+
+def system_one_routes(router: APIRouter | FastAPI, service: SystemOneService, max_batch_items: int) -> None:
+    """``POST /v1/systemone`` and ``POST /v1/systemone/batch`` on ``router``."""
+    router.add_api_route(
+        "/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None, tags=["Jev"]
+    )
+    router.add_api_route(
+        "/v1/systemone/batch", batch_handler(service, max_batch_items), methods=["POST"], response_model=None, tags=["Jev"]
+    )
+
+
+def jev_router(service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> APIRouter:
+    """Routes of the Jev API: ``POST /v1/systemone(/batch)`` and ``GET /v1/models`` (TypeSafe's shape)."""
     router = APIRouter()
 
     async def list_models() -> dict[str, Any]:
         return {"models": [service.card.to_json()]}
 
-    router.add_api_route("/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None)
+    system_one_routes(router, service, max_batch_items)
     router.add_api_route("/v1/models", list_models, methods=["GET"])
     return router
 
 
-def add_routes(app: FastAPI, service: SystemOneService) -> None:
-    """Add the Jev API under ``/jev`` and ``POST /v1/systemone`` at the root too."""
-    app.include_router(jev_router(service), prefix=JEV_PREFIX, tags=["Jev"])
-    app.add_api_route(
-        "/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None, tags=["Jev"]
-    )
+def add_routes(app: FastAPI, service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> None:
+    """Add the Jev API under ``/jev`` and ``POST /v1/systemone(/batch)`` at the root too."""
+    app.include_router(jev_router(service, max_batch_items), prefix=JEV_PREFIX, tags=["Jev"])
+    system_one_routes(app, service, max_batch_items)

@@ -1,7 +1,10 @@
-"""Per-request observation for the inference routes: Prometheus metrics and optional JSON log lines.
+"""Per-request observation: request ids on every response, and for the inference routes Prometheus
+metrics and optional JSON log lines.
 
-An ASGI middleware times each inference request, reads its status, and collects the prompt tokens
-the service reports through a context variable (so KServe's routes are covered too).
+An ASGI middleware gives every response ``x-request-id`` and the TypeSafe SDK's ``x-typesafe-request-id``
+(a client's own ``x-request-id`` is echoed when it is short printable text), times each inference
+request, reads its status, and collects the prompt tokens the service reports through a context
+variable (so KServe's routes are covered too).
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from typing import Any, Callable
 from predictor import metrics
 
 REQUEST_ID_HEADER = "x-request-id"
+SDK_REQUEST_ID_HEADER = "x-typesafe-request-id"
+#: A client's request id is echoed only when it matches this (else a fresh id is made).
+CLIENT_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("systemone", re.compile(r"^(/jev)?/v1/systemone$")),
+    ("systemone_batch", re.compile(r"^(/jev)?/v1/systemone/batch$")),
     ("v1_predict", re.compile(r"^/v1/models/[^/]+:predict$")),
     ("v2_infer", re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")),
 )
@@ -66,8 +73,18 @@ def configure_json_logs() -> None:
     request_logger.propagate = False
 
 
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's ``x-request-id`` (or ``x-typesafe-request-id``) when it is sane, else a new id."""
+    for name, value in headers:
+        if name.lower() in (b"x-request-id", b"x-typesafe-request-id"):
+            text = value.decode("latin-1")
+            if CLIENT_REQUEST_ID.match(text):
+                return text
+    return uuid.uuid4().hex
+
+
 class RequestObserverMiddleware:
-    """Counts, times and (with JSON logs on) logs every inference request."""
+    """Gives every response its request ids; counts, times and (with JSON logs on) logs inference requests."""
 
     def __init__(self, app: Callable[..., Any], json_logs: bool = False) -> None:
         self.app = app
@@ -75,25 +92,30 @@ class RequestObserverMiddleware:
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         """ASGI entry point."""
-        route = route_of(scope.get("path", "")) if scope["type"] == "http" else None
-        if route is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        request_id = headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1") or uuid.uuid4().hex
-        record = RequestRecord(request_id=request_id, route=route)
+        request_id = request_id_of(scope["headers"])
+        id_headers = [(REQUEST_ID_HEADER.encode(), request_id.encode()), (SDK_REQUEST_ID_HEADER.encode(), request_id.encode())]
         status = 500
 
         async def send_with_id(message: dict[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                response_headers = list(message.get("headers", []))
-                if not any(key.lower() == b"x-request-id" for key, _ in response_headers):
-                    response_headers.append((b"x-request-id", request_id.encode()))
-                message = {**message, "headers": response_headers}
+                response_headers = [
+                    (key, value)
+                    for key, value in message.get("headers", [])
+                    if key.lower() not in (b"x-request-id", b"x-typesafe-request-id")
+                ]
+                message = {**message, "headers": response_headers + id_headers}
             await send(message)
 
+        route = route_of(scope.get("path", ""))
+        if route is None:
+            await self.app(scope, receive, send_with_id)
+            return
+        record = RequestRecord(request_id=request_id, route=route)
         token = _current.set(record)
         try:
             await self.app(scope, receive, send_with_id)

@@ -17,15 +17,17 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from clef_head.answers import build_response
-from clef_head.encoder import EncodedRequest, SchemaTooLong, encode_request
+from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
 from clef_head.request import DEFAULT_LIMITS, InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor import metrics
 from predictor.answer_cache import AnswerCache, cache_key
 from predictor.engines.base import Engine, EngineDead
-from predictor.errors import join_param
+from predictor.errors import parse_param
 from predictor.lifecycle import Lifecycle
 from predictor.observe import record_tokens
-from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, Unavailable
+from predictor.request_policy import RequestPolicy
+from predictor.route_guard import quoted
+from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class SystemOneService:
         self.card = card
         self.lifecycle = lifecycle
         self.limits = limits
+        self.policy = RequestPolicy()
         self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
         if self.max_queued < 1:
             raise ValueError("max_queued must be at least 1")
@@ -100,27 +103,36 @@ class SystemOneService:
 
     def validate(self, body: Any, prefix: str = "") -> SystemOneRequest:
         """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
+        where = parse_param(prefix)
         try:
             request = parse_request(body, self.limits)
         except InvalidRequest as exc:
-            raise BadInput(exc.message, join_param(prefix, exc.param)) from None
-        if request.model != self.card.name:
+            raise BadInput(exc.message, (*where, *exc.loc), exc.kind) from None
+        if not self.policy.serves(self.card.name, request.model):
+            served = ", ".join(map(repr, (self.card.name, *self.policy.aliases)))
             raise ModelNotServed(
-                f"model {request.model!r} is not served here; this server serves {self.card.name!r}",
-                join_param(prefix, "model"),
+                f"model {quoted(request.model)} is not served here; this server serves {served}", (*where, "model")
             )
         return request
 
     def encode(self, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
-        """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum."""
+        """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum
+        (:class:`TooLarge` when the state does not fit and the policy refuses over-long states)."""
         started = time.perf_counter()
+        where = parse_param(prefix)
         try:
-            encoded = encode_request(self.engine.tokenizer, request, max_length=self.engine.max_length)
+            encoded = encode_request(
+                self.engine.tokenizer, request, max_length=self.engine.max_length, overflow=self.policy.state_overflow
+            )
         except SchemaTooLong as exc:
             raise BadInput(
                 f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
                 f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
-                join_param(prefix, "questions"),
+                (*where, "questions"),
+            ) from None
+        except StateTooLong as exc:
+            raise TooLarge(
+                f"{exc} (--max-model-len {exc.maximum}); send a shorter state or fewer questions", (*where, "state")
             ) from None
         metrics.STAGE_SECONDS.labels(stage="encode").observe(time.perf_counter() - started)
         return encoded
@@ -154,7 +166,8 @@ class SystemOneService:
         metrics.INPUT_TOKENS.inc(tokens)
         metrics.PROMPT_TOKENS.observe(tokens)
         record_tokens(tokens)
-        response = build_response(request, encoded.layout, logits, tokens, model_name=self.card.name)
+        response = build_response(request, encoded.layout, logits, tokens)  # echoes the name asked for (an alias)
+        response["usage"]["state_truncated"] = encoded.state_truncated
         metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - answered)
         return response
 
@@ -165,8 +178,35 @@ class SystemOneService:
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
         """Responses for several bodies; all are validated and encoded before any is scored."""
         with self.admitted(len(bodies)):
-            requests = [self.validate(body, prefix) for body, prefix in zip(bodies, prefixes)]
-            encoded = await asyncio.to_thread(
-                lambda: [self.encode(request, prefix) for request, prefix in zip(requests, prefixes)]
+            prepared = await asyncio.to_thread(
+                lambda: [self.prepare(body, prefix) for body, prefix in zip(bodies, prefixes)]
             )
-            return list(await asyncio.gather(*(self.score(r, e) for r, e in zip(requests, encoded))))
+            return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
+
+    def prepare(self, body: Any, prefix: str = "") -> tuple[SystemOneRequest, EncodedRequest]:
+        """Validate and encode one body (CPU work: callers run it off the event loop)."""
+        request = self.validate(body, prefix)
+        return request, self.encode(request, prefix)
+
+    async def answer_each(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any] | ServiceError]:
+        """One response or one domain error per item; the valid items are scored together."""
+        with self.admitted(len(bodies)):
+
+            def prepare_each() -> list[tuple[SystemOneRequest, EncodedRequest] | ServiceError]:
+                results: list[tuple[SystemOneRequest, EncodedRequest] | ServiceError] = []
+                for body, prefix in zip(bodies, prefixes):
+                    try:
+                        results.append(self.prepare(body, prefix))
+                    except ServiceError as error:
+                        results.append(error)
+                return results
+
+            async def answer(item: tuple[SystemOneRequest, EncodedRequest] | ServiceError) -> dict[str, Any] | ServiceError:
+                if isinstance(item, ServiceError):
+                    return item
+                try:
+                    return await self.score(*item)
+                except ServiceError as error:
+                    return error
+
+            return list(await asyncio.gather(*(answer(item) for item in await asyncio.to_thread(prepare_each))))

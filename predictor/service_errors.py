@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+Location = tuple[int | str, ...]
+
 
 class ServiceError(Exception):
-    """A request the service did not answer; ``param`` names the offending field, if any."""
+    """A request the service did not answer; ``loc`` is the offending field's path (empty: the whole request)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(f"{param}: {message}" if param else message)
+    def __init__(self, message: str, loc: Sequence[int | str] = (), kind: str = "value_error") -> None:
+        self.loc: Location = tuple(loc)
         self.message = message
-        self.param = param or None
+        self.kind = kind
+        where = ".".join(map(str, self.loc))
+        super().__init__(f"{where}: {message}" if where else message)
 
 
 class BadInput(ServiceError):
-    """The request is invalid (the message and ``param`` say where)."""
+    """A field of the request breaks a rule (the message and ``loc`` say which and how)."""
 
 
 class ModelNotServed(ServiceError):
     """The request names a model this server does not serve."""
+
+
+class TooLarge(ServiceError):
+    """The request cannot fit the engine (a state over the prompt's room when over-long states are refused)."""
 
 
 class Unavailable(ServiceError):

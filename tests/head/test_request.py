@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import logging
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from clef_head.encoder import render_json
 from clef_head.request import InvalidRequest, RequestLimits, parse_request
 
 VALID: dict[str, Any] = {
@@ -35,6 +38,13 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 
 _DELETE = object()
 
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
 INVALID = [
     ("missing model", _with("model", _DELETE), "model", "Field required"),
     ("model not a string", _with("model", 3), "model", "string"),
@@ -43,27 +53,26 @@ INVALID = [
     ("no questions", _with("questions", {}), "questions", "between 1 and 64"),
     ("questions not an object", _with("questions", ["a"]), "questions", "dictionary"),
     ("too many questions", _with("questions", {f"q{i}": {"type": "noul"} for i in range(65)}), "questions", "got 65"),
-    ("empty question id", _with("questions", {"": {"type": "noul"}}), "questions", "1 to 256"),
     ("unknown type", _with("questions.billing.type", "box"), "questions.billing", "noul, choice, score"),
     ("missing type", _with("questions.billing", {"instructions": "x"}), "questions.billing", "noul, choice, score"),
     ("question not an object", _with("questions.billing", "yes?"), "questions.billing", ""),
-    ("unknown question field", _with("questions.billing.weight", 2), "questions.billing.weight", "Extra inputs"),
-    ("instructions a number", _with("questions.billing.instructions", 5), "questions.billing.instructions", ""),
-    ("noul criteria unknown key", _with("questions.billing.criteria", {"maybe": "x"}), "questions.billing.criteria.maybe", "Extra"),
-    ("noul criteria number", _with("questions.billing.criteria", {"true": 1}), "questions.billing.criteria.true", ""),
     ("choice without criteria", _with("questions.tone.criteria", _DELETE), "questions.tone.criteria", "Field required"),
     ("choice with one label", _with("questions.tone.criteria", {"calm": None}), "questions.tone.criteria", "2 to 255 labels, got 1"),
     ("choice with 256 labels", _with("questions.tone.criteria", {f"l{i}": None for i in range(256)}), "questions.tone.criteria", "got 256"),
     ("choice criteria a list", _with("questions.tone.criteria", ["calm", "angry"]), "questions.tone.criteria", "dictionary"),
-    ("choice description a number", _with("questions.tone.criteria", {"calm": 1, "angry": None}), "questions.tone.criteria.calm", ""),
     ("score with one level", _with("questions.urgency.criteria", ["only"]), "questions.urgency.criteria", "2 to 10 levels, got 1"),
     ("score with 11 levels", _with("questions.urgency.criteria", [str(i) for i in range(11)]), "questions.urgency.criteria", "got 11"),
     ("score criteria an object", _with("questions.urgency.criteria", {"a": "b"}), "questions.urgency.criteria", "list"),
+    ("empty question id without instructions", _with("questions", {"": {"type": "noul"}}), "questions", "empty id needs instructions"),
+    ("long question id", _with("questions", {"q" * 257: {"type": "noul"}}), "questions", "at most 256"),
+    ("instructions a set", _with("questions.billing.instructions", {1, 2}), "questions.billing.instructions", "JSON value"),
+    ("state with a number as a key", _with("state", {"a": {1: "x"}}), "state.a", "keys must be strings"),
+    ("state nested too deep", _with("state", _nested(200)), "state.0.0.0", "deeper than 128 levels"),
+    ("description nested too deep", _with("questions.tone.criteria", {"calm": _nested(130), "angry": None}), "questions.tone.criteria.calm", "deeper than 128"),
     ("score level null", _with("questions.urgency.criteria", ["low", None]), "questions.urgency.criteria.1", ""),
     ("images", _with("images", ["aGk="]), "images", "not supported"),
     ("videos", _with("videos", ["aGk="]), "videos", "not supported"),
     ("assets", _with("assets", {"x": {"type": "image"}}), "assets", "not supported"),
-    ("unknown top-level field", _with("temperature", 0.5), "temperature", "Extra inputs"),
 ]
 
 
@@ -74,6 +83,40 @@ def test_invalid_request_names_field(body: dict[str, Any], param: str, rule: str
     assert caught.value.param == param
     assert rule in caught.value.message
     assert str(caught.value).startswith(param)
+
+
+ORIGINAL_ACCEPTS = [
+    ("top-level id", _with("id", "record-7")),
+    ("unknown top-level field", _with("temperature", 0.5)),
+    ("unknown question field", _with("questions.billing.weight", 2)),
+    ("noul criteria unknown key", _with("questions.billing.criteria", {"maybe": "x"})),
+    ("numeric instructions", _with("questions.billing.instructions", 5)),
+    ("boolean instructions", _with("questions.billing.instructions", True)),
+    ("numeric noul criterion", _with("questions.billing.criteria", {"true": 1})),
+    ("numeric choice description", _with("questions.tone.criteria", {"calm": 1.5, "angry": None})),
+    ("numeric score level", _with("questions.urgency.criteria", [0, 10])),
+    ("empty question id", _with("questions", {"": {"type": "noul", "instructions": "Is it?"}})),
+    ("state nested 127 levels", _with("state", _nested(127))),
+]
+
+
+@pytest.mark.parametrize("body", [case[1] for case in ORIGINAL_ACCEPTS], ids=[case[0] for case in ORIGINAL_ACCEPTS])
+def test_what_the_original_answers_is_accepted(body: dict[str, Any]) -> None:
+    request = parse_request(body)
+    assert request.questions.keys() == body["questions"].keys()
+
+
+def test_ignored_fields_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    body = _with("questions.billing.weight", 2)
+    body["temperature"] = 0.2
+    with caplog.at_level(logging.DEBUG, logger="clef_head.request"):
+        parse_request(body)
+    assert "temperature, questions.billing.weight" in caplog.text
+
+
+def test_numeric_descriptions_render_as_the_original_renders(reference: ModuleType) -> None:
+    for value in (5, 2.5, True, 1e16):
+        assert render_json(value) == reference.render(value)
 
 
 def test_body_must_be_an_object() -> None:

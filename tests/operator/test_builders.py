@@ -252,9 +252,8 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
     container = _isvc(gpusPerReplica=2, predictor={"maxModelLen": 4096})["spec"]["predictor"]["containers"][0]
     assert container["command"][-2:] == ["-m", "predictor"]
     args = cli.build_parser().parse_args(container["args"])
-    assert (str(args.model_dir), args.model_name, args.engine, args.dp, args.max_model_len, args.http_port) == (
+    assert (str(args.model_dir), args.model_name, args.engine, args.data_parallel_size, args.max_model_len, args.http_port) == (
         "/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
-    # --host and --api-key-file come with the predictor's API-key support: this check needs it merged.
     assert args.host == "0.0.0.0"
     keyed = _isvc(predictor={"apiKeySecret": {"name": "clef-keys"}})["spec"]["predictor"]["containers"][0]
     assert str(cli.build_parser().parse_args(keyed["args"]).api_key_file) == "/etc/clef/api-keys/keys"

@@ -25,6 +25,7 @@ from tests.predictor.conftest import (
 
 MAX_BODY_BYTES = 65536
 MAX_MODEL_LEN = 512
+SLOW_CLIENT_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,8 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         "--max-batch", "8",
         "--max-queued-requests", "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
         "--max-body-bytes", str(MAX_BODY_BYTES),
+        "--header-timeout", str(SLOW_CLIENT_TIMEOUT_S),
+        "--body-timeout", str(SLOW_CLIENT_TIMEOUT_S),
         "--json-logs",
     )
     yield running
@@ -217,18 +220,18 @@ def _valid(**changes: object) -> dict:
 BAD_SYSTEM_ONE = [
     ("malformed json", b'{"model": ', 400, None),
     ("empty body", b"", 400, None),
-    ("not an object", b"[1, 2]", 400, None),
-    ("missing questions", {"model": MODEL_NAME, "state": 1}, 400, "questions"),
-    ("no questions", _valid(questions={}), 400, "questions"),
-    ("unknown field", _valid(temperature=0.2), 400, "temperature"),
-    ("bad question type", _valid(questions={"q": {"type": "rank"}}), 400, "questions.q"),
-    ("one choice label", _valid(questions={"q": {"type": "choice", "criteria": {"a": None}}}), 400, "questions.q.criteria"),
-    ("score levels not a list", _valid(questions={"q": {"type": "score", "criteria": "1-5"}}), 400, "questions.q.criteria"),
-    ("model not a string", _valid(model=7), 400, "model"),
-    ("images", _valid(images=[{"url": "https://example.com/a.png"}]), 400, "images"),
-    ("videos", _valid(videos=["https://example.com/a.mp4"]), 400, "videos"),
+    ("not an object", b"[1, 2]", 422, None),
+    ("missing questions", {"model": MODEL_NAME, "state": 1}, 422, "questions"),
+    ("no questions", _valid(questions={}), 422, "questions"),
+    ("bad question type", _valid(questions={"q": {"type": "rank"}}), 422, "questions.q"),
+    ("one choice label", _valid(questions={"q": {"type": "choice", "criteria": {"a": None}}}), 422, "questions.q.criteria"),
+    ("score levels not a list", _valid(questions={"q": {"type": "score", "criteria": "1-5"}}), 422, "questions.q.criteria"),
+    ("model not a string", _valid(model=7), 422, "model"),
+    ("state nested too deep", _valid(state=json.loads("[" * 200 + "]" * 200)), 422, "state[0][0][0]"),
+    ("images", _valid(images=[{"url": "https://example.com/a.png"}]), 422, "images"),
+    ("videos", _valid(videos=["https://example.com/a.mp4"]), 422, "videos"),
     ("unknown model", _valid(model="gpt-9"), 404, "model"),
-    ("schema too long", _long_schema(), 400, "questions"),
+    ("schema too long", _long_schema(), 422, "questions"),
     ("body too large", {"model": MODEL_NAME, "state": "x" * MAX_BODY_BYTES, "questions": {}}, 413, None),
 ]
 
@@ -241,6 +244,9 @@ def test_bad_system_one_bodies(client: httpx.Client, base: str, case: str, body:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
+    assert error["message"].startswith(f"{param}: ") if param else error["message"]
+    detail = response.json()["detail"]
+    assert detail[0]["msg"] == error["message"] and detail[0]["loc"][0] == "body"
     if case == "schema too long":
         assert f"maximum prompt length of {MAX_MODEL_LEN} tokens" in error["message"]
         assert any(word.isdigit() and int(word) > MAX_MODEL_LEN for word in error["message"].split())
@@ -265,7 +271,7 @@ BAD_V1 = [
     ({"instances": "not a list"}, 400, "instances"),
     ({"instances": []}, 400, "instances"),
     ({"inputs": [simple_request()]}, 400, "instances"),
-    ({"instances": [simple_request(), {"model": MODEL_NAME, "state": 1}]}, 400, "instances[1].questions"),
+    ({"instances": [simple_request(), {"model": MODEL_NAME, "state": 1}]}, 422, "instances[1].questions"),
     ({"instances": [simple_request(model="other")]}, 404, "instances[0].model"),
 ]
 
@@ -284,9 +290,9 @@ def _v2(data: list[object], datatype: str = "BYTES") -> dict:
 BAD_V2 = [
     (_v2([1.5], datatype="FP32"), 400, "inputs"),
     (_v2(["{not json"]), 400, "inputs[0].data[0]"),
-    (_v2([json.dumps(simple_request()), json.dumps({"model": MODEL_NAME})]), 400, "inputs[0].data[1].state"),
+    (_v2([json.dumps(simple_request()), json.dumps({"model": MODEL_NAME})]), 422, "inputs[0].data[1].state"),
     (_v2([json.dumps(simple_request(model="other"))]), 404, "inputs[0].data[0].model"),
-    ({"inputs": [{"name": "request", "datatype": "BYTES", "data": ["{}"]}]}, 400, "inputs[0].shape"),
+    ({"inputs": [{"name": "request", "datatype": "BYTES", "data": ["{}"]}]}, 422, "inputs[0].shape"),
 ]
 
 
@@ -305,7 +311,7 @@ def test_kserve_errors_for_unknown_models(client: httpx.Client) -> None:
     ):
         response = client.request(method, path, json=_v2([json.dumps(simple_request())]))
         assert response.status_code == 404, (path, response.text)
-        assert "nope" in response.json()["error"]
+        assert "'nope'" in response.json()["error"]["message"]
 
 
 def test_metrics_and_json_request_logs(server: Predictor, client: httpx.Client) -> None:
@@ -344,3 +350,208 @@ def test_health_and_liveness(client: httpx.Client) -> None:
     assert live.status_code == 200 and live.json() == {"status": "alive"}
     health = client.get("/health")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
+
+
+def test_closed_and_unsupported_routes_answer_404(client: httpx.Client) -> None:
+    for method, path in (
+        ("POST", f"/v2/repository/models/{MODEL_NAME}/unload"),
+        ("POST", f"/v2/repository/models/{MODEL_NAME}/load"),
+        ("POST", "/v2/repository/index"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/redoc"),
+        ("POST", f"/v2/models/{MODEL_NAME}/versions/1/infer"),
+        ("GET", f"/v2/models/{MODEL_NAME}/versions/1/ready"),
+        ("POST", f"/v1/models/{MODEL_NAME}:explain"),
+    ):
+        response = client.request(method, path, json={})
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["error"]["type"] == "not_found_error"
+    assert client.get("/health").status_code == 200, "the model is still served"
+    assert client.post("/v1/systemone", json=simple_request()).status_code == 200
+
+
+def test_not_found_does_not_echo_a_huge_name(client: httpx.Client) -> None:
+    name = "n" * 10000
+    for response in (
+        client.get(f"/v2/models/{name}/ready"),
+        client.post(f"/v1/models/{name}:predict", json={"instances": [simple_request()]}),
+        client.post("/v1/systemone", json=simple_request(model=name)),
+    ):
+        assert response.status_code == 404, response.text
+        assert len(response.text) < 1000 and "(10000 characters)" in response.json()["error"]["message"]
+
+
+def _binary_v2(header: dict, payload: bytes, header_length: str | None = None) -> tuple[bytes, dict[str, str]]:
+    raw = json.dumps(header).encode()
+    return raw + payload, {
+        "inference-header-content-length": header_length if header_length is not None else str(len(raw)),
+        "content-type": "application/octet-stream",
+    }
+
+
+def _bytes_element(text: str) -> bytes:
+    data = text.encode()
+    return len(data).to_bytes(4, "little") + data
+
+
+_ONE = _bytes_element(json.dumps(simple_request()))
+_INPUT = {"name": "request", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(_ONE)}}
+BAD_KSERVE_BODIES = [
+    ("v2 header length not a number", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [_INPUT]}, _ONE, "abc"), "inference-header-content-length"),
+    ("v2 header length past the body", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [_INPUT]}, _ONE, "99999"), "inference-header-content-length"),
+    ("v2 input without shape", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{k: v for k, v in _INPUT.items() if k != "shape"}]}, _ONE), "inputs[0].shape"),
+    ("v2 binary_data_size 0", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{**_INPUT, "parameters": {"binary_data_size": 0}}]}, _ONE), "inputs[0].parameters.binary_data_size"),
+    ("v2 element count off", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{**_INPUT, "shape": [2]}]}, _ONE), "inputs[0].parameters.binary_data_size"),
+    ("v2 header a list", "/v2/models/clef-flash/infer", b"[]", {"inference-header-content-length": "2", "content-type": "application/octet-stream"}, None),
+    ("v1 binary cloudevent {", "/v1/models/clef-flash:predict", b"{", {"ce-specversion": "1.0", "ce-source": "s", "ce-type": "t", "ce-id": "1", "content-type": "application/cloudevents+json"}, None),
+]
+
+
+@pytest.mark.parametrize("case, path, content, headers, param", BAD_KSERVE_BODIES, ids=[case[0] for case in BAD_KSERVE_BODIES])
+def test_kserve_routes_answer_bad_input_with_4xx(client: httpx.Client, case: str, path: str, content: bytes, headers: dict, param: str | None) -> None:
+    response = client.post(path, content=content, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"]
+
+
+def test_v2_binary_body_still_works(client: httpx.Client, single_answer: dict) -> None:
+    content, headers = _binary_v2({"inputs": [_INPUT]}, _ONE)
+    response = client.post(f"/v2/models/{MODEL_NAME}/infer", content=content, headers=headers)
+    assert response.status_code == 200, response.text
+    assert_same_answer(json.loads(response.json()["outputs"][0]["data"][0]), single_answer)
+
+
+def test_request_ids_on_every_response(client: httpx.Client) -> None:
+    for method, path in (("GET", "/health"), ("GET", "/metrics"), ("POST", "/v1/systemone"), ("GET", "/nowhere")):
+        response = client.request(method, path, json=simple_request() if method == "POST" else None)
+        assert len(response.headers["x-typesafe-request-id"]) == 32, path
+        assert response.headers["x-request-id"] == response.headers["x-typesafe-request-id"], path
+    echoed = client.post("/v1/systemone", json={}, headers={"x-request-id": "client-7"})
+    assert echoed.headers["x-typesafe-request-id"] == echoed.headers["x-request-id"] == "client-7"
+    refused = client.get("/health", headers={"x-request-id": "x" * 500})
+    assert len(refused.headers["x-request-id"]) == 32, "an over-long client id is replaced"
+
+
+def test_what_the_original_answers_is_answered(client: httpx.Client) -> None:
+    body = simple_request()
+    body["id"] = "record-1"
+    body["temperature"] = 0.1
+    body["questions"]["urgent"]["instructions"] = 5
+    body["questions"]["urgent"]["weight"] = 2
+    body["questions"][""] = {"type": "noul", "instructions": "Is anything else asked?"}
+    response = client.post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["answers"].keys() == {"urgent", "topic", "tone", ""}
+
+
+def test_over_long_state_is_truncated_and_reported(client: httpx.Client) -> None:
+    fits = client.post("/v1/systemone", json=simple_request()).json()
+    assert fits["usage"]["state_truncated"] is False
+    long = client.post("/v1/systemone", json=simple_request(state="9" * 40000)).json()
+    assert long["usage"]["state_truncated"] is True and long["usage"]["input_tokens"] == MAX_MODEL_LEN
+
+
+def test_batch_answers_each_item_or_its_error(client: httpx.Client, single_answer: dict) -> None:
+    other = simple_request(state={"customer": "the app crashes on start"})
+    bodies = [simple_request(), {"model": MODEL_NAME, "state": 1}, other, simple_request(model="gpt-9")]
+    for base in ("", "/jev"):
+        response = client.post(f"{base}/v1/systemone/batch", json=bodies)
+        assert response.status_code == 200, response.text
+        items = response.json()
+        assert len(items) == 4
+        assert_same_answer(items[0], single_answer)
+        assert items[1]["status"] == 422 and items[1]["error"]["param"] == "[1].questions"
+        assert_same_answer(items[2], client.post("/v1/systemone", json=other).json())
+        assert items[3]["status"] == 404 and items[3]["error"]["param"] == "[3].model"
+    for bad in ({"requests": bodies}, [], [simple_request()] * 65):
+        response = client.post("/v1/systemone/batch", json=bad)
+        assert response.status_code == 422, response.text
+        assert "--max-batch-items" in response.json()["error"]["message"]
+
+
+def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server: Predictor) -> None:
+    import typesafe_sdk
+    from typesafe_sdk._core.errors import TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
+
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300) as client:
+        answer = client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
+        assert len(answer.request_id) == 32
+        with pytest.raises(TypeSafeUnprocessableEntityError) as caught:
+            client.system_one("hello", {"q": typesafe_sdk.Choice(criteria={"only": None})})
+        assert "questions.q.criteria" in str(caught.value) and caught.value.request_id
+        assert caught.value.body["detail"][0]["loc"] == ["body", "questions", "q", "criteria"]
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="jev-latest", timeout=300) as client:
+        with pytest.raises(TypeSafeNotFoundError) as missing:
+            client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
+        assert "model: model 'jev-latest' is not served here" in str(missing.value)
+
+
+def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes, float]:
+    """Send ``data`` on a fresh connection; return what came back before it closed, and how long that took."""
+    import socket
+    import time
+
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait_s) as sock:
+        received = b""
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading (an oversized request): what it answered is still read below
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return received, time.monotonic() - started
+
+
+def test_slow_and_oversized_clients_are_cut_off(server: Predictor, client: httpx.Client) -> None:
+    unfinished_headers, seconds = _raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", 120)
+    assert unfinished_headers == b"" and SLOW_CLIENT_TIMEOUT_S - 1 <= seconds < 60, seconds
+    body = json.dumps(simple_request()).encode()
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    unfinished_body, seconds = _raw_exchange(server, head + body[:10], 120)
+    assert unfinished_body.startswith(b"HTTP/1.1 408") and b"request_timeout" in unfinished_body, unfinished_body[:300]
+    assert seconds < 60
+    huge = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+    answer, _ = _raw_exchange(server, huge, 120)
+    assert answer == b"" or answer.split(b" ")[1] in (b"400", b"431"), answer[:200]
+    assert client.get("/health").status_code == 200
+
+
+# Short samples of the reliability scripts (the full runs and their figures: BENCHMARKS.md, "Reliability").
+
+
+def test_fuzz_sample_gets_no_5xx_and_no_hang(server: Predictor) -> None:
+    from reliability.fuzz import fuzz
+
+    result = asyncio.run(fuzz(server.url, requests=300, seconds=600, concurrency=8, request_timeout=120, seed=1, model=MODEL_NAME))
+    assert result["ok"], result
+    assert result["requests"] == 300
+    assert {"200", "400", "404", "413", "422"} <= result["outcomes"].keys(), result["outcomes"]
+
+
+def test_soak_sample_samples_memory_and_gets_no_error(server: Predictor) -> None:
+    from reliability.soak import soak
+
+    result = asyncio.run(soak(server.url, clients=4, seconds=6, pid=server.process.pid, sample_seconds=1, settle_seconds=2))
+    assert result["errors"] == {} and result["requests"] > 0, result
+    assert len(result["rss_mib"]) >= 3 and all(rss > 100 for _, rss in result["rss_mib"]), result
+
+
+def test_overload_sample_answers_every_request(server: Predictor) -> None:
+    from reliability.overload import overload
+
+    result = asyncio.run(overload(server.url, clients=32, seconds=5))
+    assert result["ok"], result
+
+
+def test_reliability_scripts_refuse_other_hosts() -> None:
+    from reliability.common import loopback_url
+
+    assert loopback_url("http://127.0.0.1:1/") == "http://127.0.0.1:1"
+    with pytest.raises(SystemExit, match="not a loopback address"):
+        loopback_url("http://192.0.2.1:8080")

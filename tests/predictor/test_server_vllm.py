@@ -71,11 +71,11 @@ def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Clien
 @pytest.mark.parametrize(
     "body, status, param",
     [
-        ({**simple_request(), "images": [{"url": "https://example.com/a.png"}]}, 400, "images"),
+        ({**simple_request(), "images": [{"url": "https://example.com/a.png"}]}, 422, "images"),
         ({**simple_request(), "model": "other"}, 404, "model"),
         (
             {"model": MODEL_NAME, "state": 1, "questions": {f"q{i}": {"type": "noul", "instructions": "Holds? " * 8} for i in range(12)}},
-            400,
+            422,
             "questions",
         ),
     ],

@@ -1,0 +1,163 @@
+"""The HTTP API's flags (access, limits, names, batch, state overflow) and where they take effect.
+
+``add_api_args`` registers the flags on the predictor's parser; ``install_api`` adds the middleware,
+error handlers and routes to KServe's app; ``http_limits`` and ``register_aliases`` configure the
+``ClefModelServer`` that serves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+
+from clef_head.encoder import STATE_OVERFLOW_CHOICES
+from predictor.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
+from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
+from predictor.health import health_router
+from predictor.http_body import RequestBodyMiddleware
+from predictor.jev_api import DEFAULT_MAX_BATCH_ITEMS, add_routes
+from predictor.lifecycle import GracefulShutdown
+from predictor.observe import RequestObserverMiddleware
+from predictor.request_policy import RequestPolicy
+from predictor.route_guard import RouteGuardMiddleware
+from predictor.server_limits import HttpLimits
+from predictor.service_errors import ServiceError
+
+if TYPE_CHECKING:
+    import kserve
+
+    from predictor.model import ClefModel
+
+DEFAULTS = HttpLimits()
+
+
+def add_api_args(parser: argparse.ArgumentParser) -> None:
+    """Register the API's flags on ``parser``."""
+    group = parser.add_argument_group("API: access, limits and names")
+    group.add_argument(
+        "--host", default=DEFAULTS.host, help="address to listen on (0.0.0.0 in a container or to serve other hosts)"
+    )
+    group.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help=f"file of API keys, one per line, read again when it changes; clients send 'Authorization: Bearer "
+        f"<key>'. Keys in ${API_KEYS_ENV} (comma-separated) are accepted too. Without either, no key is needed",
+    )
+    group.add_argument(
+        "--enable-model-repository",
+        action="store_true",
+        help="serve KServe's /v2/repository load/unload routes (off: anyone reaching them could unload the model)",
+    )
+    group.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name served as the same model (repeatable), e.g. jev-latest, the TypeSafe SDK's default",
+    )
+    group.add_argument(
+        "--accept-any-model-name", action="store_true", help="answer System One requests whatever model they name"
+    )
+    group.add_argument(
+        "--state-overflow",
+        choices=STATE_OVERFLOW_CHOICES,
+        default="truncate",
+        help="a state longer than the prompt can hold: cut it (usage.state_truncated says so) or answer 413",
+    )
+    group.add_argument(
+        "--max-batch-items",
+        type=int,
+        default=DEFAULT_MAX_BATCH_ITEMS,
+        help="most System One bodies in one POST /v1/systemone/batch",
+    )
+    group.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULTS.max_header_bytes,
+        help="largest request line + headers; larger requests are refused and the connection closed",
+    )
+    group.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULTS.header_timeout,
+        help="seconds a connection has to send a request's headers before it is closed",
+    )
+    group.add_argument(
+        "--body-timeout", type=float, default=60.0, help="seconds a request has to send its body (else 408)"
+    )
+    group.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULTS.max_connections,
+        help="open connections (and running requests) beyond which new ones get 503",
+    )
+
+
+def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject API settings the server cannot honour."""
+    if args.api_key_file is not None and not args.api_key_file.is_file():
+        parser.error(f"--api-key-file {args.api_key_file} is not a file")
+    if args.max_batch_items < 1:
+        parser.error("--max-batch-items must be at least 1")
+    if args.max_header_bytes < 1024:
+        parser.error("--max-header-bytes must be at least 1024")
+    if args.header_timeout <= 0 or args.body_timeout <= 0:
+        parser.error("--header-timeout and --body-timeout must be positive")
+    if args.max_connections < 1:
+        parser.error("--max-connections must be at least 1")
+
+
+def request_policy(args: argparse.Namespace) -> RequestPolicy:
+    """The request policy the flags ask for."""
+    return RequestPolicy(
+        aliases=tuple(args.model_alias), accept_any_name=args.accept_any_model_name, state_overflow=args.state_overflow
+    )
+
+
+def http_limits(args: argparse.Namespace) -> HttpLimits:
+    """The HTTP limits the flags ask for."""
+    return HttpLimits(
+        host=args.host,
+        max_header_bytes=args.max_header_bytes,
+        header_timeout=args.header_timeout,
+        max_connections=args.max_connections,
+    )
+
+
+def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> None:
+    """Add the middleware, error handlers and routes to KServe's app (before the server starts).
+
+    Middleware, outermost first: request ids and metrics, the shutdown window (503 once SIGTERM came), API keys,
+    closed routes, request bodies.
+    """
+    assert model.service is not None, "load the model first"
+    model.service.policy = request_policy(args)
+    app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
+    app.add_middleware(
+        RouteGuardMiddleware,
+        served_names=(model.name, *args.model_alias),
+        enable_model_repository=args.enable_model_repository,
+        enable_docs=args.enable_docs_url,
+    )
+    keys = ApiKeys(args.api_key_file, os.environ.get(API_KEYS_ENV))
+    if keys.enabled:
+        app.add_middleware(ApiKeyMiddleware, keys=keys)
+    app.add_middleware(GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay)
+    app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(ServiceError, service_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    add_routes(app, model.service, args.max_batch_items)
+    app.include_router(health_router(model.lifecycle), tags=["Health"])
+
+
+def register_aliases(server: kserve.ModelServer, model: ClefModel, args: argparse.Namespace) -> None:
+    """Serve the model under each ``--model-alias`` on KServe's routes too."""
+    for alias in args.model_alias:
+        server.register_model(model, name=alias)
