@@ -203,6 +203,7 @@ class GraphedHead:
         self.config = head.config
         self._captured: dict[Bucket, _Captured] = {}
         self._pool: object | None = None
+        self._token_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.captures = 0
 
     def __call__(
@@ -244,12 +245,22 @@ class GraphedHead:
         return captured.output[: layout.option_count].clone()
 
     def _allocate(self, bucket: Bucket, hidden_size: int, dtype: torch.dtype, device: torch.device) -> _Captured:
+        """A bucket's input buffers. The per-token ones (hidden states, token ids, padding) are views of
+        one buffer of :data:`MAX_GRAPH_TOKENS` rows shared by every bucket, so memory does not grow with
+        the number of buckets by a [tokens, hidden] block each."""
         tokens, questions, options = bucket.tokens, bucket.questions, bucket.options
         with torch.inference_mode(False), torch.no_grad():
+            if self._token_buffers is None or self._token_buffers[0].dtype != dtype:
+                self._token_buffers = (
+                    torch.zeros(MAX_GRAPH_TOKENS, hidden_size, dtype=dtype, device=device),
+                    torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=device),
+                    torch.ones(1, MAX_GRAPH_TOKENS, dtype=torch.bool, device=device),
+                )
+            hidden, token_ids, memory_padding = self._token_buffers
             inputs = StaticInputs(
-                hidden=torch.zeros(tokens, hidden_size, dtype=dtype, device=device),
-                token_ids=torch.zeros(tokens, dtype=torch.long, device=device),
-                memory_padding=torch.ones(1, tokens, dtype=torch.bool, device=device),
+                hidden=hidden[:tokens],
+                token_ids=token_ids[:tokens],
+                memory_padding=memory_padding[:, :tokens],
                 last_token=torch.zeros(1, dtype=torch.long, device=device),
                 question_members=torch.zeros(questions, tokens, device=device),
                 question_lengths=torch.ones(questions, 1, device=device),

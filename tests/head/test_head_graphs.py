@@ -98,3 +98,18 @@ def test_graph_replay_equals_the_eager_static_pass_on_cuda(dtype: torch.dtype) -
         other = table.clone()
         args = ([hidden.cuda().to(dtype)], [ids], [layout], other)
         assert torch.equal(graphed(*args)[0], eager(*args)[0]) and graphed.captures == buckets + 1
+
+
+def test_buckets_share_one_token_buffer_and_stay_exact_in_any_order() -> None:
+    """Per-token buffers are views of one buffer for all buckets: records of several buckets in a row,
+    long after short and short after long, each still get the head's own logits."""
+    head = random_head(TINY_HEAD, seed=7).eval()
+    graphed = GraphedHead(head, graphs=False)
+    records = [_record(length, questions, seed=length) for length, questions in
+               [(900, 3), (100, 1), (1500, 5), (300, 2), (899, 3), (40, 1)]]
+    with torch.inference_mode():
+        for hidden, ids, layout, lm_head in records:
+            got = graphed([hidden], [ids], [layout], lm_head)[0]
+            torch.testing.assert_close(got, head([hidden], [ids], [layout], lm_head)[0], rtol=0, atol=2e-5)
+    storages = {inputs.hidden.untyped_storage().data_ptr() for inputs, *_ in graphed._captured.values()}
+    assert len(graphed._captured) >= 4 and len(storages) == 1
