@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -151,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exit-timeout", type=float, default=60, help="the process must exit within this")
     parser.add_argument("--engine-process-name", default="EngineCore", help="engine-kill: the child process to kill")
     parser.add_argument("--startup-timeout", type=float, default=900)
-    parser.add_argument("--log", type=Path, default=Path("lifecycle-predictor.log"), help="the predictor's log")
+    parser.add_argument(
+        "--log", type=Path, default=Path(tempfile.gettempdir()) / "lifecycle-predictor.log", help="the predictor's log"
+    )
     parser.add_argument("predictor_args", nargs=argparse.REMAINDER, help="after --: arguments of python -m predictor")
     args = parser.parse_args(argv)
     predictor_args = [arg for arg in args.predictor_args if arg != "--"] or ["--model-name", MODEL_NAME]

@@ -116,6 +116,9 @@ def test_unreadable_cloudevents_are_400() -> None:
         error = cloudevent_error("/v1/models/m:predict", {**headers, "content-type": content_type}, b"{")
         assert content_type == "application/json" or (error is not None and error.status == 400)
     assert cloudevent_error("/v1/models/m:predict", {"content-type": "application/json"}, b"{") is None
+    empty = cloudevent_error("/v1/models/m:predict", {**headers, "content-type": "application/json"}, b"")
+    assert empty is not None and "no data" in empty.message
+    assert cloudevent_error("/v1/models/m:predict", {**headers, "content-type": "application/json"}, b"{}") is None
 
 
 def test_policy_names() -> None:
