@@ -41,7 +41,15 @@ MANAGED_FLAGS: tuple[str, ...] = (
     "--http_port",
     "--host",
     "--api-key-file",
+    "--shutdown-delay",
+    "--drain-timeout",
 )
+
+# SIGTERM: readiness fails and new requests get 503 for SHUTDOWN_DELAY_S (endpoints drop the pod meanwhile), then
+# in-flight requests get DRAIN_TIMEOUT_S. Together they stay inside Kubernetes' default grace period of 30 s,
+# which a ServingRuntime (the chart's) cannot change.
+SHUTDOWN_DELAY_S = 5
+DRAIN_TIMEOUT_S = 20
 
 # Writable scratch volumes under a read-only root filesystem: /tmp, and $HOME (vLLM and the Hugging Face
 # libraries keep small config and cache files there).
@@ -85,6 +93,8 @@ def predictor_args(
         f"--max-model-len={max_model_len}",
         f"--http_port={PREDICTOR_PORT}",
         f"--host={LISTEN_HOST}",
+        f"--shutdown-delay={SHUTDOWN_DELAY_S}",
+        f"--drain-timeout={DRAIN_TIMEOUT_S}",
     ]
     if api_key_file:
         args.append(f"--api-key-file={API_KEY_FILE}")

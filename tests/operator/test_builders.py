@@ -48,7 +48,8 @@ def test_predictor_contract() -> None:
     assert container["command"] == ["python", "-m", "predictor"]
     assert container["args"] == [
         "--model-dir=/mnt/models", "--model-name=clef-flash", "--engine=vllm", "--dp=4",
-        "--max-model-len=4096", "--http_port=8080", "--host=0.0.0.0", "--log-level=debug",
+        "--max-model-len=4096", "--http_port=8080", "--host=0.0.0.0", "--shutdown-delay=5", "--drain-timeout=20",
+        "--log-level=debug",
     ]
     assert container["env"] == [
         {"name": "VLLM_CACHE_ROOT", "value": "/var/cache/clef/vllm"},
@@ -255,5 +256,7 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
     assert (str(args.model_dir), args.model_name, args.engine, args.data_parallel_size, args.max_model_len, args.http_port) == (
         "/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
     assert args.host == "0.0.0.0"
+    # SIGTERM's delay and drain fit Kubernetes' default grace period of 30 s (a ServingRuntime cannot raise it).
+    assert args.shutdown_delay + args.drain_timeout < 30
     keyed = _isvc(predictor={"apiKeySecret": {"name": "clef-keys"}})["spec"]["predictor"]["containers"][0]
     assert str(cli.build_parser().parse_args(keyed["args"]).api_key_file) == "/etc/clef/api-keys/keys"
