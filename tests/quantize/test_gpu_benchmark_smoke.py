@@ -42,7 +42,9 @@ def test_smoke_without_vllm(tmp_path: Path) -> None:
     assert head["batch_16_ms_per_record"] > 0
     one = head["one_record"]  # no CUDA here: the dynamic forward and the eager static pass only
     assert one["dynamic_ms_per_record"]["median"] > 0 and one["static_eager_ms_per_record"]["median"] > 0
-    assert "graphs_ms_per_record" not in one and one["static_max_abs_diff_vs_dynamic"] < 1e-3
+    # A BF16 head: the static pass sums in another order than the dynamic one, so they may differ by a few BF16
+    # steps (2**-7 at |logit| in [1, 2)); tests/head/test_head_graphs.py checks the two agree closely in FP32.
+    assert "graphs_ms_per_record" not in one and one["static_max_abs_diff_vs_dynamic"] <= 4 * 2**-7
     assert (tmp_path / "logits-transformers.pt").is_file()
 
 

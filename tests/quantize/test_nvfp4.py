@@ -123,7 +123,10 @@ def test_dequantized_weights_are_within_fp4_rounding(tiny_release: Path, nvfp4_r
         half_gap = torch.where(scaled <= 2, 0.25, torch.where(scaled <= 4, 0.5, 1.0))
         bound = torch.where(scaled > FP4_MAX, scaled - FP4_MAX, half_gap) * step
         error = (dequantized - original).abs()
-        assert (error <= bound * (1 + 1e-3) + 1e-9).all(), (module, (error - bound).max())
+        # Plus float32 rounding of the comparison itself: a few ulps of the value (matters where the clamp above 6
+        # leaves almost no bound).
+        allowance = bound * (1 + 1e-3) + original.abs() * 2**-20 + 1e-9
+        assert (error <= allowance).all(), (module, (error - allowance).max())
         assert error.max() > 0  # really FP4, not a copy
 
 
