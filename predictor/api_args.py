@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
 from predictor.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
 from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
-from predictor.health import health_router
+from predictor.health import install_health_routes
 from predictor.http_body import RequestBodyMiddleware
 from predictor.jev_api import DEFAULT_MAX_BATCH_ITEMS, add_routes
 from predictor.lifecycle import GracefulShutdown
@@ -154,7 +154,7 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> Non
     app.add_exception_handler(ServiceError, service_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     add_routes(app, model.service, args.max_batch_items)
-    app.include_router(health_router(model.lifecycle), tags=["Health"])
+    install_health_routes(app, model.lifecycle)
 
 
 def register_aliases(server: kserve.ModelServer, model: ClefModel, args: argparse.Namespace) -> None:

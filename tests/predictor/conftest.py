@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "clef-flash"
 STARTUP_TIMEOUT_S = 600.0
-PROBES = ("/health", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready")
+PROBES = ("/health", "/v2/health/ready", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready")
 
 
 def free_port() -> int:

@@ -75,6 +75,7 @@ def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
         time.sleep(0.5)
         # the shutdown delay: readiness fails and new requests are refused with 503 + Retry-After, in flight go on
         assert httpx.get(f"{demo_server.url}/v1/models/{MODEL_NAME}", timeout=30).status_code == 503
+        assert httpx.get(f"{demo_server.url}/v2/health/ready", timeout=30).json() == {"ready": False}
         assert httpx.get(f"{demo_server.url}/health", timeout=30).json() == {"status": "draining"}
         assert httpx.get(f"{demo_server.url}/health/live", timeout=30).status_code == 200
         refused = httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(), timeout=30)
