@@ -1,4 +1,4 @@
-"""Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 vs vLLM + plugin FP8, same records.
+"""Clef-flash on one GPU: transformers BF16 vs vLLM + plugin BF16 / FP8 / NVFP4, same records.
 
     python -m bench.gpu_benchmark --work /tmp/clefbench [--cases prepare,transformers,head,vllm-fp8-graphs,
         vllm-stock-fp8-graphs,http] [--records 1400] [--tokens 512] [--repeats 3] [--time-budget 540] [--profile]
@@ -7,14 +7,16 @@
 Stages (each engine case runs in its own process group, killed whole past the time budget, so a crash, a
 leak or a left-over engine process cannot spoil the next):
 - prepare: the random-weight BF16 release (``clef_tools.fullsize``, built on the device) and its
-  FP8_DYNAMIC copy (``clef_tools.quantize``) unless ``--bf16``/``--fp8`` are given; N seeded records
+  FP8_DYNAMIC copy (``clef_tools.quantize``) unless ``--bf16``/``--fp8`` are given, and its NVFP4 copy
+  (``--scheme NVFP4``) when an nvfp4 case is asked for (or ``--nvfp4`` names one); N seeded records
   (``clef_tools.sized_records``) encoded with the release's tokenizer. Cached in ``--work`` and reused.
 - transformers: the reference engine (``TransformersScorer``) in BF16, length-sorted padded batches: a
   first pass in a fresh process (each new batch shape pays its one-off costs), then ``--repeats`` passes at
   steady state (the headline), the backbone alone, and the backbone/head split (first pass and steady).
 - head: the joint schema head alone on random hidden states, per record at batch sizes 1/16/64; one
   record at a time through the dynamic forward, the static bucketed pass, and (CUDA) its graph replays.
-- vllm-{bf16,fp8}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records;
+- vllm-{bf16,fp8,nvfp4}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records
+  (NVFP4 on a GPU without FP4 tensor cores, such as Hopper, runs vLLM's weight-only Marlin FP4 fallback);
   then single-record latency. eager: no torch.compile, no CUDA graphs; compile: torch.compile only;
   graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``). With ``--profile``, one
   throughput batch and one single record also run under vLLM's torch profiler, and the GPU kernel
@@ -34,7 +36,7 @@ leak or a left-over engine process cannot spoil the next):
 Compile, Inductor and Triton caches (autotuning results included) live in ``--cache-dir`` (default:
 ``--work``/cache), shared by all cases, laid out as on a predictor pod's compile-cache volume.
 Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
-(top-1 per question, mean KL(BF16 ‖ FP8)) is computed from the logits the cases saved in ``--work``,
+(top-1 per question, mean KL(BF16 ‖ FP8), and likewise BF16 and FP8 against NVFP4) is computed from the logits the cases saved in ``--work``,
 also across invocations, so the cases may run in separate calls. Weights are random: figures measure
 speed, and agreement on random weights only bounds the numerical effect of FP8.
 The summary goes to ``--out``/gpu_benchmark.json (default: the --work folder).
@@ -60,7 +62,8 @@ from typing import Any, Callable
 from clef_contract.predictor import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
 
 MODES = ("eager", "compile", "graphs")
-PLUGIN_CASES = tuple(f"vllm-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
+PRECISIONS = ("bf16", "fp8", "nvfp4")
+PLUGIN_CASES = tuple(f"vllm-{precision}-{mode}" for precision in PRECISIONS for mode in MODES)
 STOCK_CASES = tuple(f"vllm-stock-{precision}-{mode}" for precision in ("bf16", "fp8") for mode in MODES)
 VLLM_CASES = (*PLUGIN_CASES, *STOCK_CASES)
 HTTP_CASES = ("http", "http-dp2")
@@ -181,6 +184,15 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
         command = [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(fp8), "--device", args.device]
         result["quantize_fp8"] = _run_json(command, deadline)
     result["bf16"], result["fp8"] = str(bf16), str(fp8)
+    if args.nvfp4 or any("nvfp4" in case for case in args.cases.split(",")):
+        nvfp4 = Path(args.nvfp4) if args.nvfp4 else work / f"release-{args.scale}-nvfp4"
+        if not (nvfp4 / "config.json").is_file():
+            if args.nvfp4:
+                raise FileNotFoundError(f"--nvfp4 {nvfp4}: no config.json")
+            command = [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(nvfp4), "--scheme", "NVFP4",
+                       "--device", args.device]
+            result["quantize_nvfp4"] = _run_json(command, deadline)
+        result["nvfp4"] = str(nvfp4)
     meta = {"records": args.records, "seed": args.seed, "tokens": args.tokens, "tokenizer": str(bf16)}
     meta_file = work / "records-meta.json"
     if not (meta_file.is_file() and json.loads(meta_file.read_text()) == meta and (work / "encoded.json").is_file()):
@@ -753,7 +765,7 @@ def _vllm_case(precision: str, mode: str, stock: bool = False) -> Callable[..., 
 CASE_FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "transformers": case_transformers,
     "head": case_head,
-    **{f"vllm-{p}-{m}": _vllm_case(p, m) for p in ("bf16", "fp8") for m in MODES},
+    **{f"vllm-{p}-{m}": _vllm_case(p, m) for p in PRECISIONS for m in MODES},
     **{f"vllm-stock-{p}-{m}": _vllm_case(p, m, stock=True) for p in ("bf16", "fp8") for m in MODES},
     "http": case_http,
     "http-dp2": lambda args, work, releases: case_http(args, work, releases, data_parallel=2),
@@ -856,12 +868,13 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
 
 
 def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:
-    """(reference, candidate) pairs: BF16 vs FP8 in the same mode, transformers vs every vLLM case,
-    eager vs compiled modes of the same precision, and every variant vs its plain case."""
+    """(reference, candidate) pairs: BF16 vs FP8, BF16 vs NVFP4 and FP8 vs NVFP4 in the same mode, transformers
+    vs every vLLM case, eager vs compiled modes of the same precision, and every variant vs its plain case."""
     vllm_cases = [case for case in PLUGIN_CASES if case in cases]
-    pairs = [(f"vllm-bf16-{m}", f"vllm-fp8-{m}") for m in MODES if f"vllm-bf16-{m}" in cases and f"vllm-fp8-{m}" in cases]
+    pairs = [(f"vllm-{a}-{m}", f"vllm-{b}-{m}") for a, b in (("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "nvfp4"))
+             for m in MODES if f"vllm-{a}-{m}" in cases and f"vllm-{b}-{m}" in cases]
     pairs += [("transformers", case) for case in vllm_cases if "transformers" in cases]
-    pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in ("bf16", "fp8") for m in MODES[1:]
+    pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in PRECISIONS for m in MODES[1:]
               if f"vllm-{p}-eager" in cases and f"vllm-{p}-{m}" in cases]
     pairs += [(base_case(case), case) for case in sorted(cases) if variant_name(case) and base_case(case) in cases]
     return pairs
@@ -945,6 +958,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scale", choices=("full", "tiny"), default="full", help="shape of the built release")
     parser.add_argument("--bf16", default=None, help="existing BF16 release (default: build one in --work)")
     parser.add_argument("--fp8", default=None, help="existing FP8 release (default: quantize the BF16 one)")
+    parser.add_argument("--nvfp4", default=None, help="existing NVFP4 release (default: quantize the BF16 one when an "
+                        "nvfp4 case is asked for)")
     parser.add_argument("--records", type=int, default=1400)
     parser.add_argument("--tokens", type=int, default=512, help="mean prompt length of the records")
     parser.add_argument("--seed", type=int, default=0)
@@ -1016,7 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         summary["prepare"] = prepare(args, args.work, deadline)
-        _write_json(args.work / "releases.json", {"bf16": summary["prepare"]["bf16"], "fp8": summary["prepare"]["fp8"]})
+        _write_json(args.work / "releases.json",
+                    {name: summary["prepare"][name] for name in PRECISIONS if name in summary["prepare"]})
     except Exception as exc:  # noqa: BLE001 (nothing else can run without the releases and records)
         summary["prepare"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         status = 1

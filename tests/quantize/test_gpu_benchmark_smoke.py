@@ -94,6 +94,10 @@ def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
     assert agreement_pairs(["transformers", "vllm-stock-fp8-graphs", "vllm-fp8-graphs"]) == [
         ("transformers", "vllm-fp8-graphs")
     ]
+    assert agreement_pairs(["vllm-bf16-eager", "vllm-fp8-eager", "vllm-nvfp4-eager", "vllm-nvfp4-graphs"]) == [
+        ("vllm-bf16-eager", "vllm-fp8-eager"), ("vllm-bf16-eager", "vllm-nvfp4-eager"),
+        ("vllm-fp8-eager", "vllm-nvfp4-eager"), ("vllm-nvfp4-eager", "vllm-nvfp4-graphs"),
+    ]
 
 
 def test_stock_engine_arguments_differ_from_the_plugins_only_in_model_class_and_pooler() -> None:
