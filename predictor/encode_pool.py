@@ -31,10 +31,15 @@ ENCODER_DIED_RETRY_AFTER_S = 1
 MAX_AUTO_PROCESSES = 4
 CORES_PER_AUTO_PROCESS = 4
 PROBE_MAX_LENGTH = 1 << 20
-#: A small valid body every started worker encodes, to compare its prompt with the engine tokenizer's.
+#: A small valid body every started worker encodes, to compare its prompt with the engine tokenizer's
+#: (accents, CJK, Cyrillic, an emoji, a special token, digits, runs of whitespace).
 PROBE_BODY: dict[str, Any] = {
     "model": "probe",
-    "state": {"ticket": "charged twice"},
+    "state": {
+        "ticket": "Charged twice: 19.99 € on 2024-05-01 ",
+        "text": "Café naïve 質問 фраза — refund?\n\t  spaced   out 🙂 <|im_end|> 0123456789 don't",
+        "items": [1, 2.5, True, None],
+    },
     "questions": {"refund": {"type": "noul", "instructions": "Should we refund?"}},
 }
 

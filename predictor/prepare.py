@@ -126,19 +126,32 @@ def prepare_batch_json(
 
 # The worker side of predictor.encode_pool: each worker process loads the release's tokenizer once.
 _worker_tokenizer: Any = None
+TOKENIZER_FILE = "tokenizer.json"
 
 
-def load_tokenizer(release_dir: str | Path) -> Any:
-    """The release's tokenizer, as the engines load it."""
-    from transformers import AutoTokenizer
+class ReleaseTokenizer:
+    """The release's ``tokenizer.json`` run by the ``tokenizers`` library, the library transformers' fast
+    tokenizers run, called as the encoder calls a transformers tokenizer. Loading it imports neither
+    transformers nor torch, so a worker holds the vocabulary and little else. The pool checks at start
+    that it encodes exactly as the engine's tokenizer does."""
 
-    return AutoTokenizer.from_pretrained(str(release_dir))
+    def __init__(self, release_dir: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(release_dir) / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: encode worker processes need the release's {TOKENIZER_FILE}")
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        """``{"input_ids": [...]}`` of ``text``, as a transformers tokenizer answers."""
+        return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
 
 
 def init_worker(release_dir: str) -> None:
     """Process-pool initializer: load the tokenizer this worker encodes with."""
     global _worker_tokenizer
-    _worker_tokenizer = load_tokenizer(release_dir)
+    _worker_tokenizer = ReleaseTokenizer(release_dir)
 
 
 def run_in_worker(job: Callable[..., T], *args: Any) -> T:

@@ -10,6 +10,8 @@ import json
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +75,35 @@ def test_errors_cross_processes_unchanged(error: Exception) -> None:
     http = copy if isinstance(copy, ApiError) else from_service_error(copy)
     original = error if isinstance(error, ApiError) else from_service_error(error)
     assert (http.status, http.body(), http.headers) == (original.status, original.body(), original.headers)
+
+
+def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from clef_head.encoder import SchemaTooLong, encode_request
+    from clef_head.request import parse_request
+    from clef_tools.sample_requests import make_extreme_requests
+    from predictor.prepare import ReleaseTokenizer
+
+    engine_tokenizer, worker_tokenizer = AutoTokenizer.from_pretrained(str(tiny_release)), ReleaseTokenizer(tiny_release)
+    import random
+
+    bodies = [*make_requests(16, 24), *make_extreme_requests(random.Random(16))]
+    def encoded(tokenizer: Any, request: Any, max_length: int) -> Any:
+        try:
+            return encode_request(tokenizer, request, max_length)
+        except SchemaTooLong as exc:
+            return exc.required
+
+    for body in bodies:
+        request = parse_request(body)
+        for max_length in (MAX_MODEL_LEN, 1 << 20):  # cut states too
+            assert encoded(worker_tokenizer, request, max_length) == encoded(engine_tokenizer, request, max_length)
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, predictor.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )
+    assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
 
 
 def bodies_to_compare() -> dict[str, bytes]:
