@@ -249,3 +249,15 @@ def test_a_killed_worker_costs_only_its_requests(server: Predictor, client: http
     after = encode_workers(server.process.pid)
     assert len(after) == PROCESSES and before[0] not in after
     assert "an encode worker process died" in server.log()
+
+
+def test_encode_stage_is_observed_per_record(client: httpx.Client) -> None:
+    def encode_count() -> float:
+        metrics = client.get("/metrics").text
+        lines = [line for line in metrics.splitlines() if line.startswith('clef_stage_seconds_count{stage="encode"}')]
+        return float(lines[0].split()[-1]) if lines else 0.0  # no line before the first observation
+
+    before = encode_count()
+    assert client.post("/v1/systemone", json=simple_request(state="counted once")).status_code == 200
+    assert client.post("/v1/systemone/batch", json=[simple_request(state=f"batch {i}") for i in range(3)]).status_code == 200
+    assert encode_count() == before + 4
