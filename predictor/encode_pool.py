@@ -128,12 +128,21 @@ class EncodePool:
                 )
 
     async def run(self, job: Callable[..., T], *args: Any) -> T:
-        """``job(tokenizer, *args)`` in a worker; 503 (``encoder_died``) when the worker died meanwhile."""
+        """``job(tokenizer, *args)`` in a worker; 503 (``encoder_died``) when the worker died meanwhile.
+        A pool found broken before the job is submitted (a worker died idle) is replaced first."""
         pool = self._pool
         if pool is None or self._closed:
             raise Unavailable("the encode workers are not running", "encoder_died", ENCODER_DIED_RETRY_AFTER_S)
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, prepare.run_in_worker, job, *args)
+            pending = loop.run_in_executor(pool, prepare.run_in_worker, job, *args)
+        except BrokenProcessPool:  # a worker died while idle: this request was in no worker, use new ones
+            self._replace(pool)
+            pool = self._pool
+            assert pool is not None
+            pending = loop.run_in_executor(pool, prepare.run_in_worker, job, *args)
+        try:
+            return await pending
         except BrokenProcessPool as exc:
             self._replace(pool)
             raise Unavailable(

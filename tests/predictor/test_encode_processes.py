@@ -251,6 +251,18 @@ def test_a_killed_worker_costs_only_its_requests(server: Predictor, client: http
     assert "an encode worker process died" in server.log()
 
 
+def test_a_worker_killed_while_idle_costs_no_request(server: Predictor, client: httpx.Client) -> None:
+    before = encode_workers(server.process.pid)
+    os.kill(before[-1], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{before[-1]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # the pool notices the death
+    response = client.post("/v1/systemone", json=simple_request(state="after an idle worker died"))
+    assert response.status_code == 200, response.text
+    assert len(encode_workers(server.process.pid)) == PROCESSES
+
+
 def test_encode_stage_is_observed_per_record(client: httpx.Client) -> None:
     def encode_count() -> float:
         metrics = client.get("/metrics").text
