@@ -3,7 +3,9 @@ pool of worker processes (``--encode-processes N``) that read, validate and toke
 process's interpreter lock, which the event loop and the engine's output handling need.
 
 Workers are started with ``spawn`` (the serving process holds threads and maybe CUDA: never ``fork``) and
-each loads the release's tokenizer once. A worker that dies fails the requests it held with 503 +
+each loads the release's ``tokenizer.json`` once (:class:`predictor.prepare.ReleaseTokenizer`: no torch,
+about 0.3 GB with the Qwen3.5 vocabulary); before the model is ready every worker encodes a probe body,
+which must match the engine tokenizer's prompt. A worker that dies fails the requests it held with 503 +
 Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered.
 """
 

@@ -2,9 +2,10 @@
 names) and encode it (the tokenizer), for one body, a batch body or parsed KServe instances.
 
 Every function here is top level and takes the tokenizer and :class:`PrepareSettings` as arguments, so the
-same code runs in the serving process (``--encode-processes 0``) and in the worker processes of
-:class:`predictor.encode_pool.EncodePool`: errors, ``loc`` paths, truncation and prompts are the same
-either way. Nothing here imports torch or an engine.
+same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
+worker processes of :class:`predictor.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
+against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
+either way. Nothing here imports torch, transformers or an engine.
 """
 
 from __future__ import annotations
