@@ -33,6 +33,10 @@ leak or a left-over engine process cannot spoil the next):
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
   its logits are compared with the plain case's.
+- ``http+<name>``, ``http-dp2+<name>``: that http case again with the extra predictor arguments of
+  ``--http-args name='ARGS'`` (a shell-quoted string), e.g. ``--http-args enc4='--encode-processes 4'
+  --cases prepare,http+enc0,http+enc4`` with ``--http-args enc0='--encode-processes 0'``; stored under
+  its key (``http+enc4``).
 Compile, Inductor and Triton caches (autotuning results included) live in ``--cache-dir`` (default:
 ``--work``/cache), shared by all cases, laid out as on a predictor pod's compile-cache volume.
 Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
@@ -50,6 +54,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -696,7 +701,7 @@ def predictor_command(args: argparse.Namespace, release: str, port: int, data_pa
         command.append("--enforce-eager")
     elif "compilation_config" in mode:
         command += ["--compilation-config", json.dumps(mode["compilation_config"])]
-    return command
+    return command + list(args.predictor_args)
 
 
 def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], data_parallel: int = 1) -> dict[str, Any]:
@@ -736,6 +741,7 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
             time.sleep(1)
         result["ready_s"] = round(time.perf_counter() - started, 1)
         result["mode"] = args.http_mode
+        result["predictor_args"] = list(args.predictor_args)
         result["data_parallel"] = data_parallel
         bodies = UniqueBodies(json.loads((work / "records.json").read_text()))
         url = f"http://127.0.0.1:{port}"
@@ -813,6 +819,7 @@ def _child_command(args: argparse.Namespace, key: str) -> list[str]:
                "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
                "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
                "--repeats", str(args.repeats), "--http-single-requests", str(args.http_single_requests),
+               "--predictor-args", json.dumps(args.http_variants.get(variant_name(key) or "", [])),
                ] + (["--profile"] if args.profile else [])
     if args.capture_sizes:
         command += ["--capture-sizes", ",".join(map(str, args.capture_sizes))]
@@ -936,10 +943,12 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
                           for name in ("dynamic", "static_eager", "graphs") if f"{name}_ms_per_record" in one)
         rows.append(f"head, one record: {paths}; graphs == eager static: {one.get('graphs_equal_static_eager')}, "
                     f"static vs dynamic max |Δ| {one.get('static_max_abs_diff_vs_dynamic')}")
-    for key in (*HTTP_CASES, *(f"{case}-again" for case in HTTP_CASES)):
-        http = summary.get("cases", {}).get(key) or {}
+    for key in sorted(key for key in summary.get("cases", {}) if base_case(key) in HTTP_CASES):
+        http = summary["cases"][key] or {}
         if "ready_s" in http:
-            rows.append(f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)")
+            extra = " ".join(http.get("predictor_args", []))
+            rows.append(f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)"
+                        + (f"; predictor arguments {extra}" if extra else ""))
         for load in http.get("loads", []):
             server = ", ".join(f"{name} {ms}" for name, ms in load.get("server_ms_mean", {}).items())
             rows.append(f"{key} {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
@@ -987,7 +996,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)
     parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-key", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--http-args", action="append", default=[], metavar="NAME=ARGS",
+                        help="extra predictor arguments (one shell-quoted string) for the cases http+NAME, "
+                             "http-dp2+NAME (repeatable), e.g. enc4='--encode-processes 4'")
+    parser.add_argument("--predictor-args", type=json.loads, default=[], help=argparse.SUPPRESS)
     return parser
+
+
+def http_variants(texts: list[str]) -> dict[str, list[str]]:
+    """``--http-args NAME=ARGS`` values: the extra predictor arguments of each http variant, by name."""
+    found: dict[str, list[str]] = {}
+    for text in texts:
+        name, _, value = text.partition("=")
+        if not VARIANT_NAME.fullmatch(name) or not value.strip():
+            raise ValueError(f"--http-args {text!r}: expected NAME=ARGS, NAME of a-z, 0-9, _")
+        try:
+            found[name] = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"--http-args {name}: {exc}") from None
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1011,13 +1038,20 @@ def main(argv: list[str] | None = None) -> int:
         if not VARIANT_NAME.fullmatch(name) or not isinstance(engine_args, dict):
             parser.error(f"--variant {text!r}: expected NAME=JSON object, NAME of a-z, 0-9, _")
         args.variants[name] = engine_args
+    try:
+        args.http_variants = http_variants(args.http_args)
+    except ValueError as exc:
+        parser.error(str(exc))
     cases = [case.strip() for case in args.cases.split(",") if case.strip()]
     unknown = sorted({case for case in cases if case.split("+")[0] not in CASES})
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     for case in cases:
-        if variant_name(case) and (base_case(case) not in VLLM_CASES or variant_name(case) not in args.variants):
-            parser.error(f"case {case}: a variant needs a vLLM case and a --variant {variant_name(case)}=JSON")
+        name = variant_name(case)
+        if name and base_case(case) in HTTP_CASES and name not in args.http_variants:
+            parser.error(f"case {case}: an http variant needs --http-args {name}='ARGS'")
+        if name and base_case(case) not in HTTP_CASES and (base_case(case) not in VLLM_CASES or name not in args.variants):
+            parser.error(f"case {case}: a variant needs a vLLM case and a --variant {name}=JSON")
     out = args.out or args.work
     deadline = time.time() + args.time_budget
     scale_factor = 1.0 if args.scale == "full" else 0.2  # tiny releases start faster

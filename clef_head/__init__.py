@@ -3,12 +3,42 @@
 Nothing here serves HTTP or depends on vLLM; the plugin, the predictor and the benchmarks build on it.
 """
 
-from clef_head.answers import answer_question, build_response
-from clef_head.checkpoint import CheckpointError, HeadFiles, find_head_files, load_head
-from clef_head.encoder import EncodedRequest, SchemaTooLong, encode_request, question_options
-from clef_head.head import HeadConfig, JointSchemaHead
-from clef_head.layout import LayoutError, QuestionLayout, RecordLayout
-from clef_head.request import DEFAULT_LIMITS, InvalidRequest, RequestLimits, SystemOneRequest, parse_request
+from importlib import import_module
+from typing import Any
+
+#: Where each name exported here lives. Imported on first use, so that ``import clef_head.request`` (or the
+#: encoder) does not import torch: a process that only validates and tokenizes stays small.
+_EXPORTS = {
+    "answer_question": "answers",
+    "build_response": "answers",
+    "CheckpointError": "checkpoint",
+    "HeadFiles": "checkpoint",
+    "find_head_files": "checkpoint",
+    "load_head": "checkpoint",
+    "EncodedRequest": "encoder",
+    "SchemaTooLong": "encoder",
+    "encode_request": "encoder",
+    "question_options": "encoder",
+    "HeadConfig": "head",
+    "JointSchemaHead": "head",
+    "LayoutError": "layout",
+    "QuestionLayout": "layout",
+    "RecordLayout": "layout",
+    "DEFAULT_LIMITS": "request",
+    "InvalidRequest": "request",
+    "RequestLimits": "request",
+    "SystemOneRequest": "request",
+    "parse_request": "request",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
 from predictor.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
+from predictor.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
 from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
 from predictor.health import install_health_routes
 from predictor.http_body import RequestBodyMiddleware
@@ -97,6 +98,32 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.max_connections,
         help="open connections (and running requests) beyond which new ones get 503",
     )
+    group.add_argument(
+        "--encode-processes",
+        type=encode_processes,
+        default="auto",
+        metavar="N|auto",
+        help="worker processes that read, validate and tokenize request bodies outside the serving process's "
+        "interpreter lock, which the event loop and the engine's output handling need under load; 0: a thread of "
+        f"the serving process. auto: 0 without a GPU (a CPU engine's forward passes need every core), else one "
+        f"per {CORES_PER_AUTO_PROCESS} CPUs, at most {MAX_AUTO_PROCESSES}. A worker holds the tokenizer, not the model",
+    )
+
+
+def encode_processes(value: str) -> int | str:
+    """``--encode-processes``: ``auto`` or a count of 0 or more."""
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of processes (0 or more), got {value!r}")
+    return int(value)
+
+
+def resolve_encode_processes(args: argparse.Namespace, gpu_count: int) -> int:
+    """The number of encode worker processes ``--encode-processes`` asks for on this machine."""
+    if args.encode_processes == "auto":
+        return auto_encode_processes(gpu_count, usable_cpus())
+    return int(args.encode_processes)
 
 
 def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
-from predictor.api_args import add_api_args, check_api_args, http_limits, install_api, register_aliases
+from predictor.api_args import (
+    add_api_args,
+    check_api_args,
+    http_limits,
+    install_api,
+    register_aliases,
+    resolve_encode_processes,
+)
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
@@ -152,6 +159,13 @@ def model_card(args: argparse.Namespace, model_dir: Path, random: bool) -> Model
     return ModelCard(name=args.model_name, description=description, release_date=release_date)
 
 
+def gpu_count() -> int:
+    """GPUs this process sees."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, build the model and serve it until SIGTERM/SIGINT."""
     parser = build_parser()
@@ -177,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         max_queued=args.max_queued_requests,
         answer_cache_bytes=args.answer_cache_bytes,
         exit_on_engine_death=args.exit_on_engine_death,
+        encode_processes=resolve_encode_processes(args, gpu_count()),
+        release_dir=model_dir,
     )
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from predictor.service_errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unavailable
+from predictor.service_errors import BadInput, ModelNotServed, PicklableError, ServiceError, TooLarge, Unavailable
 
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
@@ -29,7 +29,7 @@ TIMEOUT = "request_timeout"
 Location = tuple[int | str, ...]
 
 
-class ApiError(Exception):
+class ApiError(PicklableError):
     """An error answered with ``status`` and a body naming the offending field (``loc``)."""
 
     def __init__(

@@ -6,19 +6,18 @@ works unchanged while KServe's ``GET /v1/models`` keeps its KServe shape.
 
 ``POST /v1/systemone/batch`` takes a JSON array of System One bodies and answers a JSON array of the same
 length: each item is a response, or ``{"status", "error", "detail"}`` for an item that failed; the valid
-items are submitted to the engine together. Bodies are parsed off the event loop.
+items are submitted to the engine together. Bodies are read, validated and encoded off the event loop
+(in a thread, or in encode worker processes: ``--encode-processes``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from predictor.errors import from_service_error, invalid_field
-from predictor.http_body import decode_json_body
+from predictor.errors import from_service_error
 from predictor.service import SystemOneService
 from predictor.service_errors import ServiceError
 
@@ -26,16 +25,11 @@ JEV_PREFIX = "/jev"
 DEFAULT_MAX_BATCH_ITEMS = 64
 
 
-async def read_json(request: Request) -> Any:
-    """The request's JSON body, parsed in a worker thread (a large body must not stall other requests)."""
-    return await asyncio.to_thread(decode_json_body, await request.body(), request.headers.get("content-type", ""))
-
-
 def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[JSONResponse]]:
     """The ``POST /v1/systemone`` handler."""
 
     async def system_one(request: Request) -> JSONResponse:
-        return JSONResponse(await service.answer(await read_json(request)))
+        return JSONResponse(await service.answer_json(await request.body(), request.headers.get("content-type", "")))
 
     return system_one
 
@@ -50,15 +44,9 @@ def batch_handler(service: SystemOneService, max_items: int) -> Callable[[Reques
     """The ``POST /v1/systemone/batch`` handler: an array of bodies, an array of answers or errors."""
 
     async def batch(request: Request) -> JSONResponse:
-        bodies = await read_json(request)
-        if not isinstance(bodies, list) or not 1 <= len(bodies) <= max_items:
-            got = f"{len(bodies)} items" if isinstance(bodies, list) else f"a JSON {type(bodies).__name__}"
-            raise invalid_field(
-                f"the body must be a JSON array of 1 to {max_items} System One requests (--max-batch-items), got {got}",
-                (),
-                "list_type",
-            )
-        answers = await service.answer_each(bodies, [f"[{index}]" for index in range(len(bodies))])
+        answers = await service.answer_batch_json(
+            await request.body(), request.headers.get("content-type", ""), max_items
+        )
         return JSONResponse([item if isinstance(item, dict) else error_item(item) for item in answers])
 
     return batch

@@ -17,8 +17,9 @@ LATENCY = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "clef_stage_seconds",
-    "Time per record in each stage of a request: encode (tokenize, spans), engine (backbone + head), "
-    "answer (logits to the response body).",
+    "Time per record in each stage of a request: encode (read the body, validate, tokenize, spans; with "
+    "--encode-processes the round trip to a worker process, as the serving process waits it), engine "
+    "(backbone + head), answer (logits to the response body).",
     ["stage"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )

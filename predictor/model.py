@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import orjson
@@ -22,6 +23,7 @@ from kserve import InferOutput, InferRequest, InferResponse, Model
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor import metrics
+from predictor.encode_pool import EncodePool, InProcessPreparer, Preparer
 from predictor.engines.base import Engine
 from predictor.errors import bad_request
 from predictor.http_body import decode_json_body
@@ -37,13 +39,29 @@ V2_OUTPUT = "response"
 
 @dataclass(frozen=True)
 class ServingOptions:
-    """How the model serves: warm-up, admission bound, answer cache, reaction to engine death."""
+    """How the model serves: warm-up, admission bound, answer cache, reaction to engine death, and
+    ``encode_processes`` worker processes that prepare bodies with the tokenizer of ``release_dir``
+    (0: a thread of the serving process)."""
 
     warmup_rounds: int = 1
     warmup_max_batch: int = 16
     max_queued: int | None = None
     answer_cache_bytes: int = 0
     exit_on_engine_death: bool = True
+    encode_processes: int = 0
+    release_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.encode_processes < 0:
+            raise ValueError("encode_processes must be 0 or more")
+        if self.encode_processes and self.release_dir is None:
+            raise ValueError("encode worker processes need the release directory (its tokenizer)")
+
+    def preparer(self, engine: Engine) -> Preparer:
+        """Where bodies are prepared: encode worker processes, or a thread of this process."""
+        if self.encode_processes and self.release_dir is not None:
+            return EncodePool(self.release_dir, self.encode_processes, engine.tokenizer)
+        return InProcessPreparer(engine.tokenizer)
 
 
 class ClefModel(Model):
@@ -107,6 +125,7 @@ class ClefModel(Model):
                 max_queued=self.options.max_queued,
                 answer_cache_bytes=self.options.answer_cache_bytes,
                 on_engine_failure=self.watchdog.poke,
+                preparer=self.options.preparer(backend),
             )
             self.backend = backend
             log.info(
@@ -125,6 +144,8 @@ class ClefModel(Model):
         assert self.backend is not None and self.watchdog is not None, "load() must run first"
         self.lifecycle.enter(Phase.WARMING_UP)
         await self.backend.start()
+        assert self.service is not None
+        await self.service.preparer.start(self.service.settings)
         plan = warmup_plan(self.backend.max_length, self.options.warmup_max_batch, schema_tokens(self.backend))
         log.info(
             "warm-up started: %d shapes x %d round(s), prompts up to %d tokens; not ready until it ends",
@@ -145,6 +166,8 @@ class ClefModel(Model):
     def stop_engine(self) -> None:
         """Close the engine (KServe calls this after the HTTP server has drained)."""
         self.lifecycle.enter(Phase.STOPPED)
+        if self.service is not None:
+            self.service.preparer.close()
         if self.backend is not None:
             self.backend.close()
 

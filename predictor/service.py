@@ -1,4 +1,5 @@
-"""System One answering, shared by every route: admit, validate (clef_head), encode, score, answer.
+"""System One answering, shared by every route: admit, prepare (read, validate, encode: :mod:`predictor.prepare`,
+in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.service_errors`); the HTTP layer maps them to statuses.
 Admission is bounded (``max_queued`` records at once, beyond that :class:`Unavailable` ``overloaded``);
@@ -12,22 +13,22 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
 from clef_head.answers import build_response
-from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
-from clef_head.request import DEFAULT_LIMITS, InvalidRequest, RequestLimits, SystemOneRequest, parse_request
-from predictor import metrics
+from clef_head.encoder import EncodedRequest
+from clef_head.request import DEFAULT_LIMITS, RequestLimits, SystemOneRequest
+from predictor import metrics, prepare
 from predictor.answer_cache import AnswerCache, cache_key
+from predictor.encode_pool import InProcessPreparer, Preparer
 from predictor.engines.base import Engine, EngineDead
-from predictor.errors import parse_param
 from predictor.lifecycle import Lifecycle
 from predictor.observe import record_tokens
+from predictor.prepare import Prepared, PrepareSettings
 from predictor.request_policy import RequestPolicy
-from predictor.route_guard import quoted
-from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable
+from predictor.service_errors import EngineFailed, ServiceError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ QUEUE_FACTOR = 4
 """Default admission bound: this many times the records the engine runs at once."""
 OVERLOADED_RETRY_AFTER_S = 1
 ENGINE_DEAD_RETRY_AFTER_S = 5
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class SystemOneService:
         max_queued: int | None = None,
         answer_cache_bytes: int = 0,
         on_engine_failure: Callable[[], None] = lambda: None,
+        preparer: Preparer | None = None,
     ) -> None:
         self.engine = engine
         self.card = card
@@ -71,6 +74,7 @@ class SystemOneService:
         self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
         if self.max_queued < 1:
             raise ValueError("max_queued must be at least 1")
+        self.preparer: Preparer = preparer if preparer is not None else InProcessPreparer(engine.tokenizer)
         self.cache = AnswerCache(answer_cache_bytes)
         self.queued = 0
         self._on_engine_failure = on_engine_failure
@@ -101,41 +105,21 @@ class SystemOneService:
         finally:
             self.queued -= records
 
-    def validate(self, body: Any, prefix: str = "") -> SystemOneRequest:
-        """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
-        where = parse_param(prefix)
-        try:
-            request = parse_request(body, self.limits)
-        except InvalidRequest as exc:
-            raise BadInput(exc.message, (*where, *exc.loc), exc.kind) from None
-        if not self.policy.serves(self.card.name, request.model):
-            served = ", ".join(map(repr, (self.card.name, *self.policy.aliases)))
-            raise ModelNotServed(
-                f"model {quoted(request.model)} is not served here; this server serves {served}", (*where, "model")
-            )
-        return request
+    @property
+    def settings(self) -> PrepareSettings:
+        """What validation and encoding depend on (read when a body is prepared: the policy may change)."""
+        return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length)
 
-    def encode(self, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
-        """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum
-        (:class:`TooLarge` when the state does not fit and the policy refuses over-long states)."""
+    async def _prepare(self, job: Callable[..., T], *args: Any) -> T:
+        """Run a :mod:`predictor.prepare` job where the preparer runs it; the encode stage's time is the
+        round trip (reading, validating and encoding, plus the hop to a worker process), per record."""
         started = time.perf_counter()
-        where = parse_param(prefix)
-        try:
-            encoded = encode_request(
-                self.engine.tokenizer, request, max_length=self.engine.max_length, overflow=self.policy.state_overflow
-            )
-        except SchemaTooLong as exc:
-            raise BadInput(
-                f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
-                f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
-                (*where, "questions"),
-            ) from None
-        except StateTooLong as exc:
-            raise TooLarge(
-                f"{exc} (--max-model-len {exc.maximum}); send a shorter state or fewer questions", (*where, "state")
-            ) from None
-        metrics.STAGE_SECONDS.labels(stage="encode").observe(time.perf_counter() - started)
-        return encoded
+        result = await self.preparer.run(job, self.settings, *args)
+        records = len(result) if isinstance(result, list) else 1
+        per_record = (time.perf_counter() - started) / max(records, 1)
+        for _ in range(records):
+            metrics.STAGE_SECONDS.labels(stage="encode").observe(per_record)
+        return result
 
     async def _engine_score(self, encoded: EncodedRequest) -> torch.Tensor:
         started = time.perf_counter()
@@ -172,36 +156,34 @@ class SystemOneService:
         return response
 
     async def answer(self, body: Any) -> dict[str, Any]:
-        """One System One response body."""
+        """One System One response body for a parsed body."""
         return (await self.answer_many([body], prefixes=[""]))[0]
 
+    async def answer_json(self, raw: bytes, content_type: str) -> dict[str, Any]:
+        """``POST /v1/systemone``: the response to a raw body (read, validated and encoded by the preparer)."""
+        with self.admitted(1):
+            request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
+            return await self.score(request, encoded)
+
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
-        """Responses for several bodies; all are validated and encoded before any is scored."""
+        """Responses for several parsed bodies; all are validated and encoded before any is scored."""
         with self.admitted(len(bodies)):
-            prepared = await asyncio.to_thread(
-                lambda: [self.prepare(body, prefix) for body, prefix in zip(bodies, prefixes)]
-            )
+            prepared = await self._prepare(prepare.prepare_all, list(bodies), list(prefixes))
             return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
 
-    def prepare(self, body: Any, prefix: str = "") -> tuple[SystemOneRequest, EncodedRequest]:
-        """Validate and encode one body (CPU work: callers run it off the event loop)."""
-        request = self.validate(body, prefix)
-        return request, self.encode(request, prefix)
+    async def answer_batch_json(
+        self, raw: bytes, content_type: str, max_items: int
+    ) -> list[dict[str, Any] | ServiceError]:
+        """``POST /v1/systemone/batch``: one response or one domain error per item of a raw JSON array.
 
-    async def answer_each(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any] | ServiceError]:
-        """One response or one domain error per item; the valid items are scored together."""
-        with self.admitted(len(bodies)):
+        The body holds one place in the admission queue while it is prepared (in one preparer call: the
+        array is read once and no item is copied between processes), then one per item while scored.
+        """
+        with self.admitted(1):
+            items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items)
+        with self.admitted(len(items)):
 
-            def prepare_each() -> list[tuple[SystemOneRequest, EncodedRequest] | ServiceError]:
-                results: list[tuple[SystemOneRequest, EncodedRequest] | ServiceError] = []
-                for body, prefix in zip(bodies, prefixes):
-                    try:
-                        results.append(self.prepare(body, prefix))
-                    except ServiceError as error:
-                        results.append(error)
-                return results
-
-            async def answer(item: tuple[SystemOneRequest, EncodedRequest] | ServiceError) -> dict[str, Any] | ServiceError:
+            async def answer(item: Prepared | ServiceError) -> dict[str, Any] | ServiceError:
                 if isinstance(item, ServiceError):
                     return item
                 try:
@@ -209,4 +191,4 @@ class SystemOneService:
                 except ServiceError as error:
                     return error
 
-            return list(await asyncio.gather(*(answer(item) for item in await asyncio.to_thread(prepare_each))))
+            return list(await asyncio.gather(*(answer(item) for item in items)))

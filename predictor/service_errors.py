@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 Location = tuple[int | str, ...]
 
 
-class ServiceError(Exception):
+def rebuild_error(cls: type[Exception], args: tuple[Any, ...], state: dict[str, Any]) -> Exception:
+    """An exception of ``cls`` with ``args`` and attributes ``state``, without calling its ``__init__``."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class PicklableError(Exception):
+    """An exception that pickles with every attribute whatever its ``__init__`` takes (errors raised in an
+    encode worker process reach the HTTP layer unchanged)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+class ServiceError(PicklableError):
     """A request the service did not answer; ``loc`` is the offending field's path (empty: the whole request)."""
 
     def __init__(self, message: str, loc: Sequence[int | str] = (), kind: str = "value_error") -> None:
@@ -33,7 +50,7 @@ class TooLarge(ServiceError):
 class Unavailable(ServiceError):
     """The service cannot take the request now; retrying after ``retry_after`` seconds may succeed.
 
-    ``reason``: ``warming_up``, ``draining``, ``engine_dead`` or ``overloaded``.
+    ``reason``: ``warming_up``, ``draining``, ``engine_dead``, ``overloaded`` or ``encoder_died``.
     """
 
     def __init__(self, message: str, reason: str, retry_after: int) -> None:

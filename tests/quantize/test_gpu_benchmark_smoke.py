@@ -136,7 +136,10 @@ def test_variant_compilation_config_is_merged_into_the_mode() -> None:
 
 
 @pytest.mark.parametrize("flags", [["--cases", "prepare,vllm-fp8-eager+nope"], ["--variant", "Bad Name={}"],
-                                   ["--cases", "prepare,http+x", "--variant", "x={}"], ["--variant", "x=[1]"]])
+                                   ["--cases", "prepare,http+x", "--variant", "x={}"], ["--variant", "x=[1]"],
+                                   ["--cases", "prepare,http+y", "--http-args", "x=--encode-processes 2"],
+                                   ["--cases", "prepare,vllm-fp8-eager+x", "--http-args", "x=--encode-processes 2"],
+                                   ["--http-args", "x="], ["--http-args", "x='unclosed"]])
 def test_bad_cases_and_variants_are_refused(flags: list[str], tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench.gpu_benchmark", "--work", str(tmp_path), *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -173,6 +176,24 @@ def test_http_cases_start_the_predictor_with_the_benchmark_settings() -> None:
     assert one[one.index("--max-num-batched-tokens") + 1] == "32768" and one[one.index("--http_port") + 1] == "8123"
     two = predictor_command(args, "/fp8", 8123, data_parallel=2)
     assert two[two.index("--dp") + 1] == "2"
+
+
+def test_http_variants_pass_their_predictor_arguments_to_the_predictor() -> None:
+    from bench.gpu_benchmark import _child_command, build_parser, http_variants, predictor_command
+
+    args = build_parser().parse_args([])
+    args.variants = {}
+    args.http_variants = http_variants(["enc4=--encode-processes 4", "quoted=--description 'two words'"])
+    assert args.http_variants == {"enc4": ["--encode-processes", "4"], "quoted": ["--description", "two words"]}
+    commands = {}
+    for key in ("http", "http-dp2+enc4", "http+quoted-again"):
+        child = build_parser().parse_args(_child_command(args, key)[3:])  # what the case's own process parses
+        assert child.result_key == key and child.run_case == key.split("+")[0]
+        commands[key] = predictor_command(child, "/fp8", 8123, data_parallel=2 if "dp2" in key else 1)
+    assert "--encode-processes" not in commands["http"]
+    assert commands["http-dp2+enc4"][-2:] == ["--encode-processes", "4"] and "--dp" in commands["http-dp2+enc4"]
+    assert commands["http+quoted-again"][-2:] == ["--description", "two words"]
+    assert commands["http-dp2+enc4"][:-2] == predictor_command(build_parser().parse_args([]), "/fp8", 8123, 2)
 
 
 def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: Path) -> None:

@@ -1,0 +1,178 @@
+"""Where the preparation of bodies (:mod:`predictor.prepare`) runs: a thread of the serving process, or a
+pool of worker processes (``--encode-processes N``) that read, validate and tokenize outside the serving
+process's interpreter lock, which the event loop and the engine's output handling need.
+
+Workers are started with ``spawn`` (the serving process holds threads and maybe CUDA: never ``fork``) and
+each loads the release's ``tokenizer.json`` once (:class:`predictor.prepare.ReleaseTokenizer`: no torch,
+about 0.3 GB with the Qwen3.5 vocabulary); before the model is ready every worker encodes a probe body,
+which must match the engine tokenizer's prompt. A worker that dies fails the requests it held with 503 +
+Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from predictor import prepare
+from predictor.prepare import PrepareSettings
+from predictor.request_policy import RequestPolicy
+from predictor.service_errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ENCODER_DIED_RETRY_AFTER_S = 1
+MAX_AUTO_PROCESSES = 4
+CORES_PER_AUTO_PROCESS = 4
+PROBE_MAX_LENGTH = 1 << 20
+#: A small valid body every started worker encodes, to compare its prompt with the engine tokenizer's
+#: (accents, CJK, Cyrillic, an emoji, a special token, digits, runs of whitespace).
+PROBE_BODY: dict[str, Any] = {
+    "model": "probe",
+    "state": {
+        "ticket": "Charged twice: 19.99 € on 2024-05-01 ",
+        "text": "Café naïve 質問 фраза — refund?\n\t  spaced   out 🙂 <|im_end|> 0123456789 don't",
+        "items": [1, 2.5, True, None],
+    },
+    "questions": {"refund": {"type": "noul", "instructions": "Should we refund?"}},
+}
+
+
+def auto_encode_processes(gpu_count: int, cpu_count: int) -> int:
+    """``--encode-processes auto``: none on a CPU engine (its forward passes already need every core and
+    the interpreter lock is not what bounds it); with GPUs, one worker per 4 cores, at most 4, leaving
+    cores to the event loop and the engine's own processes."""
+    if gpu_count <= 0:
+        return 0
+    return min(MAX_AUTO_PROCESSES, cpu_count // CORES_PER_AUTO_PROCESS)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class InProcessPreparer:
+    """Prepares bodies in a thread of the serving process (``--encode-processes 0``)."""
+
+    processes = 0
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    async def start(self, settings: PrepareSettings) -> None:
+        """Nothing to start."""
+
+    async def run(self, job: Callable[..., T], *args: Any) -> T:
+        """``job(tokenizer, *args)`` in a worker thread."""
+        return await asyncio.to_thread(job, self.tokenizer, *args)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class EncodePool:
+    """Prepares bodies in ``processes`` worker processes, each with the release's tokenizer."""
+
+    def __init__(self, release_dir: Path, processes: int, engine_tokenizer: Any) -> None:
+        if processes < 1:
+            raise ValueError("an encode pool needs at least one process")
+        self.release_dir = release_dir
+        self.processes = processes
+        self.engine_tokenizer = engine_tokenizer
+        self._context = multiprocessing.get_context("spawn")
+        self._pool: ProcessPoolExecutor | None = None
+        self._settings: PrepareSettings | None = None
+        self._closed = False
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.processes,
+            mp_context=self._context,
+            initializer=prepare.init_worker,
+            initargs=(str(self.release_dir),),
+        )
+
+    async def start(self, settings: PrepareSettings) -> None:
+        """Start every worker and wait until each has loaded the tokenizer and encodes as the engine does."""
+        self._settings = settings
+        started = time.perf_counter()
+        self._pool = self._new_pool()
+        await self._check_workers(self._pool)
+        log.info(
+            "%d encode worker process(es) started in %.1fs (--encode-processes)",
+            self.processes,
+            time.perf_counter() - started,
+        )
+
+    async def _check_workers(self, pool: ProcessPoolExecutor) -> None:
+        """Submit one probe per worker at once (the pool spawns a process per waiting task) and compare prompts."""
+        assert self._settings is not None
+        probe_settings = PrepareSettings("probe", self._settings.limits, RequestPolicy(), PROBE_MAX_LENGTH)
+        loop = asyncio.get_running_loop()
+        probes = [
+            loop.run_in_executor(pool, prepare.run_in_worker, prepare.worker_probe, probe_settings, PROBE_BODY)
+            for _ in range(self.processes)
+        ]
+        expected = prepare.prepare(self.engine_tokenizer, probe_settings, PROBE_BODY)[1].input_ids
+        for _pid, input_ids in await asyncio.gather(*probes):
+            if input_ids != expected:
+                raise RuntimeError(
+                    f"an encode worker's tokenizer (from {self.release_dir}) encodes differently from the engine's"
+                )
+
+    async def run(self, job: Callable[..., T], *args: Any) -> T:
+        """``job(tokenizer, *args)`` in a worker; 503 (``encoder_died``) when the worker died meanwhile.
+        A pool found broken before the job is submitted (a worker died idle) is replaced first."""
+        pool = self._pool
+        if pool is None or self._closed:
+            raise Unavailable("the encode workers are not running", "encoder_died", ENCODER_DIED_RETRY_AFTER_S)
+        loop = asyncio.get_running_loop()
+        try:
+            pending = loop.run_in_executor(pool, prepare.run_in_worker, job, *args)
+        except BrokenProcessPool:  # a worker died while idle: this request was in no worker, use new ones
+            self._replace(pool)
+            pool = self._pool
+            assert pool is not None
+            pending = loop.run_in_executor(pool, prepare.run_in_worker, job, *args)
+        try:
+            return await pending
+        except BrokenProcessPool as exc:
+            self._replace(pool)
+            raise Unavailable(
+                "an encode worker process died while preparing this request; retry", "encoder_died",
+                ENCODER_DIED_RETRY_AFTER_S,
+            ) from exc
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """Swap a broken pool for a new one (once, whichever request noticed first) and start its workers."""
+        if self._pool is not broken or self._closed:
+            return
+        log.error("an encode worker process died; starting %d new one(s)", self.processes)
+        broken.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+        task = asyncio.get_running_loop().create_task(self._check_workers(self._pool))
+        task.add_done_callback(_log_failure)
+
+    def close(self) -> None:
+        """Stop the workers (after the drain: requests still waiting fail)."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("restarting the encode workers failed: %r", task.exception())
+
+
+Preparer = InProcessPreparer | EncodePool

@@ -1,0 +1,169 @@
+"""The CPU work before scoring: read a body (JSON), validate it (clef_head's request model and the served
+names) and encode it (the tokenizer), for one body, a batch body or parsed KServe instances.
+
+Every function here is top level and takes the tokenizer and :class:`PrepareSettings` as arguments, so the
+same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
+worker processes of :class:`predictor.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
+against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
+either way. Nothing here imports torch, transformers or an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
+from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
+from predictor.errors import invalid_field, parse_param
+from predictor.http_body import decode_json_body
+from predictor.request_policy import RequestPolicy
+from predictor.route_guard import quoted
+from predictor.service_errors import BadInput, ModelNotServed, ServiceError, TooLarge
+
+Prepared = tuple[SystemOneRequest, EncodedRequest]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """What validation and encoding depend on besides the tokenizer: the served name, the request limits,
+    the name and state-overflow policy and the engine's longest prompt."""
+
+    served_name: str
+    limits: RequestLimits
+    policy: RequestPolicy
+    max_length: int
+
+
+def validate(settings: PrepareSettings, body: Any, prefix: str = "") -> SystemOneRequest:
+    """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
+    where = parse_param(prefix)
+    try:
+        request = parse_request(body, settings.limits)
+    except InvalidRequest as exc:
+        raise BadInput(exc.message, (*where, *exc.loc), exc.kind) from None
+    policy = settings.policy
+    if not policy.serves(settings.served_name, request.model):
+        served = ", ".join(map(repr, (settings.served_name, *policy.aliases)))
+        raise ModelNotServed(
+            f"model {quoted(request.model)} is not served here; this server serves {served}", (*where, "model")
+        )
+    return request
+
+
+def encode(tokenizer: Any, settings: PrepareSettings, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
+    """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum
+    (:class:`TooLarge` when the state does not fit and the policy refuses over-long states)."""
+    where = parse_param(prefix)
+    try:
+        return encode_request(
+            tokenizer, request, max_length=settings.max_length, overflow=settings.policy.state_overflow
+        )
+    except SchemaTooLong as exc:
+        raise BadInput(
+            f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
+            f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
+            (*where, "questions"),
+        ) from None
+    except StateTooLong as exc:
+        raise TooLarge(
+            f"{exc} (--max-model-len {exc.maximum}); send a shorter state or fewer questions", (*where, "state")
+        ) from None
+
+
+def prepare(tokenizer: Any, settings: PrepareSettings, body: Any, prefix: str = "") -> Prepared:
+    """Validate and encode one parsed body."""
+    request = validate(settings, body, prefix)
+    return request, encode(tokenizer, settings, request, prefix)
+
+
+def prepare_all(
+    tokenizer: Any, settings: PrepareSettings, bodies: Sequence[Any], prefixes: Sequence[str]
+) -> list[Prepared]:
+    """Every body prepared; the first failure raises (KServe V1/V2: one error answers the request)."""
+    return [prepare(tokenizer, settings, body, prefix) for body, prefix in zip(bodies, prefixes)]
+
+
+def prepare_each(
+    tokenizer: Any, settings: PrepareSettings, bodies: Sequence[Any], prefixes: Sequence[str]
+) -> list[Prepared | ServiceError]:
+    """One prepared body or one domain error per body (the batch route answers each item)."""
+    results: list[Prepared | ServiceError] = []
+    for body, prefix in zip(bodies, prefixes):
+        try:
+            results.append(prepare(tokenizer, settings, body, prefix))
+        except ServiceError as error:
+            results.append(error)
+    return results
+
+
+def prepare_json(tokenizer: Any, settings: PrepareSettings, raw: bytes, content_type: str) -> Prepared:
+    """``POST /v1/systemone``: read the raw body, validate and encode it."""
+    return prepare(tokenizer, settings, decode_json_body(raw, content_type))
+
+
+def read_batch(raw: bytes, content_type: str, max_items: int) -> list[Any]:
+    """The bodies of a ``POST /v1/systemone/batch`` body: a JSON array of 1 to ``max_items`` requests."""
+    bodies = decode_json_body(raw, content_type)
+    if not isinstance(bodies, list) or not 1 <= len(bodies) <= max_items:
+        got = f"{len(bodies)} items" if isinstance(bodies, list) else f"a JSON {type(bodies).__name__}"
+        raise invalid_field(
+            f"the body must be a JSON array of 1 to {max_items} System One requests (--max-batch-items), got {got}",
+            (),
+            "list_type",
+        )
+    return bodies
+
+
+def prepare_batch_json(
+    tokenizer: Any, settings: PrepareSettings, raw: bytes, content_type: str, max_items: int
+) -> list[Prepared | ServiceError]:
+    """``POST /v1/systemone/batch``: read the array, then prepare each item (its ``loc`` starts ``[i]``)."""
+    bodies = read_batch(raw, content_type, max_items)
+    return prepare_each(tokenizer, settings, bodies, [f"[{index}]" for index in range(len(bodies))])
+
+
+# The worker side of predictor.encode_pool: each worker process loads the release's tokenizer once.
+_worker_tokenizer: Any = None
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class ReleaseTokenizer:
+    """The release's ``tokenizer.json`` run by the ``tokenizers`` library, the library transformers' fast
+    tokenizers run, called as the encoder calls a transformers tokenizer. Loading it imports neither
+    transformers nor torch, so a worker holds the vocabulary and little else. The pool checks at start
+    that it encodes exactly as the engine's tokenizer does."""
+
+    def __init__(self, release_dir: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(release_dir) / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: encode worker processes need the release's {TOKENIZER_FILE}")
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        """``{"input_ids": [...]}`` of ``text``, as a transformers tokenizer answers."""
+        return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+
+def init_worker(release_dir: str) -> None:
+    """Process-pool initializer: load the tokenizer this worker encodes with."""
+    global _worker_tokenizer
+    _worker_tokenizer = ReleaseTokenizer(release_dir)
+
+
+def run_in_worker(job: Callable[..., T], *args: Any) -> T:
+    """Run ``job(tokenizer, *args)`` with this worker's tokenizer."""
+    if _worker_tokenizer is None:
+        raise RuntimeError("the encode worker has no tokenizer (init_worker did not run)")
+    return job(_worker_tokenizer, *args)
+
+
+def worker_probe(tokenizer: Any, settings: PrepareSettings, body: Any) -> tuple[int, list[int]]:
+    """The worker's process id and the prompt of ``body``: a started worker's check against the engine's tokenizer."""
+    import os
+
+    return os.getpid(), prepare(tokenizer, settings, body)[1].input_ids

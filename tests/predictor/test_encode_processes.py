@@ -1,0 +1,275 @@
+"""``--encode-processes``: bodies read, validated and encoded in worker processes answer exactly as in the
+serving process, errors included; a killed worker costs at most the requests it held (503 + Retry-After)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+pytest.importorskip("kserve")
+
+from clef_tools.sample_requests import make_requests  # noqa: E402
+from predictor.api_args import encode_processes, resolve_encode_processes  # noqa: E402
+from predictor.encode_pool import auto_encode_processes  # noqa: E402
+from predictor.errors import ApiError, bad_request, from_service_error  # noqa: E402
+from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable  # noqa: E402
+from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, simple_request, start_predictor, stop  # noqa: E402
+
+MAX_MODEL_LEN = 512
+PROCESSES = 2
+SERVER_ARGS = ("--engine", "transformers", "--max-model-len", str(MAX_MODEL_LEN), "--max-batch", "8", "--state-overflow", "refuse")
+
+BAD_BODIES: dict[str, bytes] = {
+    "malformed json": b'{"model": ',
+    "missing questions": json.dumps({"model": MODEL_NAME, "state": 1}).encode(),
+    "bad field": json.dumps({**simple_request(), "questions": {"q": {"type": "choice", "criteria": {"a": None}}}}).encode(),
+    "unknown model": json.dumps(simple_request(model="gpt-9")).encode(),
+    "state too long": json.dumps(simple_request(state="9" * 40000)).encode(),
+}
+
+
+@pytest.mark.parametrize(
+    "gpus, cpus, expected", [(0, 2, 0), (0, 64, 0), (1, 2, 0), (1, 4, 1), (1, 8, 2), (8, 16, 4), (8, 128, 4)]
+)
+def test_auto_rule(gpus: int, cpus: int, expected: int) -> None:
+    assert auto_encode_processes(gpus, cpus) == expected
+
+
+def test_flag_values() -> None:
+    assert encode_processes("auto") == "auto" and encode_processes("0") == 0 and encode_processes("3") == 3
+    for bad in ("-1", "two", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            encode_processes(bad)
+    assert resolve_encode_processes(argparse.Namespace(encode_processes=3), gpu_count=0) == 3
+    assert resolve_encode_processes(argparse.Namespace(encode_processes="auto"), gpu_count=0) == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BadInput("bad", ("questions", "q", "criteria"), "too_short"),
+        ModelNotServed("model 'x' is not served here", ("model",)),
+        TooLarge("the state needs 900 tokens", ("[2]", "state")),
+        Unavailable("an encode worker died", "encoder_died", 1),
+        EngineFailed("boom"),
+        bad_request("not JSON", "assets"),
+    ],
+)
+def test_errors_cross_processes_unchanged(error: Exception) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error) and copy.__dict__ == error.__dict__
+    http = copy if isinstance(copy, ApiError) else from_service_error(copy)
+    original = error if isinstance(error, ApiError) else from_service_error(error)
+    assert (http.status, http.body(), http.headers) == (original.status, original.body(), original.headers)
+
+
+def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from clef_head.encoder import SchemaTooLong, encode_request
+    from clef_head.request import parse_request
+    from clef_tools.sample_requests import make_extreme_requests
+    from predictor.prepare import ReleaseTokenizer
+
+    engine_tokenizer, worker_tokenizer = AutoTokenizer.from_pretrained(str(tiny_release)), ReleaseTokenizer(tiny_release)
+    import random
+
+    bodies = [*make_requests(16, 24), *make_extreme_requests(random.Random(16))]
+    def encoded(tokenizer: Any, request: Any, max_length: int) -> Any:
+        try:
+            return encode_request(tokenizer, request, max_length)
+        except SchemaTooLong as exc:
+            return exc.required
+
+    for body in bodies:
+        request = parse_request(body)
+        for max_length in (MAX_MODEL_LEN, 1 << 20):  # cut states too
+            assert encoded(worker_tokenizer, request, max_length) == encoded(engine_tokenizer, request, max_length)
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, predictor.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )
+    assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
+
+
+def bodies_to_compare() -> dict[str, bytes]:
+    """Varied valid bodies (answers) and bad ones (errors), by name."""
+    valid = {f"sample {index}": json.dumps(body).encode() for index, body in enumerate(make_requests(14, 10))}
+    return {**valid, "simple": json.dumps(simple_request()).encode(), **BAD_BODIES}
+
+
+def http_result(error: Exception) -> tuple[int, dict[str, Any]]:
+    failure = error if isinstance(error, ApiError) else from_service_error(error)  # type: ignore[arg-type]
+    return int(failure.status), json.loads(json.dumps(failure.body()))
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
+    """Status and JSON body of each body of :func:`bodies_to_compare`, answered by a service in this process
+    (``--encode-processes 0``: the same engine settings as the server's), one at a time."""
+    import torch
+
+    from predictor.engines.transformers import TransformersEngine
+    from predictor.lifecycle import Lifecycle, Phase
+    from predictor.request_policy import RequestPolicy
+    from predictor.service import ModelCard, SystemOneService
+
+    engine = TransformersEngine(tiny_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle)
+    service.policy = RequestPolicy(state_overflow="refuse")
+
+    async def answer_all() -> dict[str, tuple[int, Any]]:
+        await engine.start()
+        results: dict[str, tuple[int, Any]] = {}
+        for name, raw in bodies_to_compare().items():
+            try:
+                results[name] = (200, json.loads(json.dumps(await service.answer_json(raw, "application/json"))))
+            except (ServiceError, ApiError) as error:
+                results[name] = http_result(error)
+        batch = [json.loads(bodies_to_compare()[name]) for name in ("simple", "missing questions", "sample 0", "unknown model")]
+        items = await service.answer_batch_json(json.dumps(batch).encode(), "application/json", 64)
+        results["batch"] = (200, [item if isinstance(item, dict) else {"status": http_result(item)[0], **http_result(item)[1]} for item in items])
+        return results
+
+    try:
+        return asyncio.run(answer_all())
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    running = start_predictor(
+        tmp_path_factory.mktemp("predictor-encode-processes"),
+        "--model-dir", str(tiny_release), *SERVER_ARGS, "--encode-processes", str(PROCESSES),
+    )
+    yield running
+    workers = encode_workers(running.process.pid)
+    assert stop(running) == 0, running.log()[-3000:]
+    deadline = time.monotonic() + 30
+    while workers and time.monotonic() < deadline:
+        workers = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.2)
+    assert not workers, f"encode workers {workers} outlived the server"
+
+
+@pytest.fixture(scope="module")
+def client(server: Predictor) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        yield http
+
+
+def encode_workers(server_pid: int) -> list[int]:
+    """Process ids of the server's encode workers (spawned children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == server_pid and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def test_workers_start_before_ready(server: Predictor) -> None:
+    assert f"{PROCESSES} encode worker process(es) started" in server.log_at_first_ready
+    assert len(encode_workers(server.process.pid)) == PROCESSES
+
+
+def test_answers_and_errors_match_the_in_process_service(client: httpx.Client, in_process: dict[str, tuple[int, Any]]) -> None:
+    for name, raw in bodies_to_compare().items():
+        for base in ("", "/jev"):
+            response = client.post(f"{base}/v1/systemone", content=raw, headers={"content-type": "application/json"})
+            assert (response.status_code, response.json()) == in_process[name], name
+    expected_status = {"malformed json": 400, "missing questions": 422, "bad field": 422, "unknown model": 404, "state too long": 413}
+    for name, status in expected_status.items():
+        assert in_process[name][0] == status, (name, in_process[name])
+    assert in_process["state too long"][1]["detail"][0]["loc"] == ["body", "state"]
+    compressed = client.post(
+        "/v1/systemone",
+        content=gzip.compress(bodies_to_compare()["sample 3"]),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    assert (compressed.status_code, compressed.json()) == in_process["sample 3"]
+
+
+def test_batch_and_kserve_routes(client: httpx.Client, in_process: dict[str, tuple[int, Any]]) -> None:
+    names = ("simple", "missing questions", "sample 0", "unknown model")
+    batch = [json.loads(bodies_to_compare()[name]) for name in names]
+    response = client.post("/v1/systemone/batch", json=batch)
+    assert (response.status_code, response.json()) == in_process["batch"]
+    assert response.json()[1]["detail"][0]["loc"] == ["body", 1, "questions"]
+    predicted = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [batch[0], batch[2]]})
+    assert predicted.status_code == 200, predicted.text
+    assert predicted.json()["predictions"] == [in_process["simple"][1], in_process["sample 0"][1]]
+    refused = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": batch[:2]})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "instances", 1, "questions"]
+
+
+def test_a_killed_worker_costs_only_its_requests(server: Predictor, client: httpx.Client) -> None:
+    before = encode_workers(server.process.pid)
+    assert len(before) == PROCESSES
+    bodies = [json.dumps(body).encode() for body in distinct_requests(16)]
+
+    def post(raw: bytes) -> httpx.Response:
+        return client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+
+    with ThreadPoolExecutor(8) as threads:
+        in_flight = [threads.submit(post, raw) for raw in bodies]
+        time.sleep(0.05)
+        os.kill(before[0], signal.SIGKILL)
+        responses = [future.result() for future in in_flight]
+    for response in responses:
+        assert response.status_code in (200, 503), response.text
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "1" and "encode worker" in response.json()["error"]["message"]
+    assert server.process.poll() is None
+    later = post(bodies[0])  # waits for the new workers to start
+    assert later.status_code == 200, later.text
+    after = encode_workers(server.process.pid)
+    assert len(after) == PROCESSES and before[0] not in after
+    assert "an encode worker process died" in server.log()
+
+
+def test_a_worker_killed_while_idle_costs_no_request(server: Predictor, client: httpx.Client) -> None:
+    before = encode_workers(server.process.pid)
+    os.kill(before[-1], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{before[-1]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # the pool notices the death
+    response = client.post("/v1/systemone", json=simple_request(state="after an idle worker died"))
+    assert response.status_code == 200, response.text
+    assert len(encode_workers(server.process.pid)) == PROCESSES
+
+
+def test_encode_stage_is_observed_per_record(client: httpx.Client) -> None:
+    def encode_count() -> float:
+        metrics = client.get("/metrics").text
+        lines = [line for line in metrics.splitlines() if line.startswith('clef_stage_seconds_count{stage="encode"}')]
+        return float(lines[0].split()[-1]) if lines else 0.0  # no line before the first observation
+
+    before = encode_count()
+    assert client.post("/v1/systemone", json=simple_request(state="counted once")).status_code == 200
+    assert client.post("/v1/systemone/batch", json=[simple_request(state=f"batch {i}") for i in range(3)]).status_code == 200
+    assert encode_count() == before + 4
