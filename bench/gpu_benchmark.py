@@ -103,8 +103,12 @@ def _log(message: str) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
+    """Write ``path`` whole or not at all: invocations sharing a ``--work`` folder (one per GPU) read
+    ``releases.json`` and the records while another may be writing them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    partial.replace(path)
 
 
 def _sync(device: str) -> None:

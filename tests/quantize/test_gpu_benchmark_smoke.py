@@ -228,3 +228,16 @@ def test_http_loads_never_send_the_same_body_twice() -> None:
     assert sent[:3] == records
     assert len({json.dumps(body, sort_keys=True) for body in sent}) == len(sent)
     assert sent[3]["state"] == "#1 record 0" and sent[6]["state"] == "#2 record 0"
+
+
+def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
+    """Two invocations (one per GPU) share --work: a reader must never see a half-written releases.json."""
+    from bench.gpu_benchmark import _write_json
+
+    target = tmp_path / "releases.json"
+    target.write_text('{"bf16": "old"}\n')
+    before = target.stat().st_ino
+    _write_json(target, {"bf16": "/tmp/new", "fp8": "/tmp/fp8"})
+    assert json.loads(target.read_text()) == {"bf16": "/tmp/new", "fp8": "/tmp/fp8"}
+    assert target.stat().st_ino != before, "written in place, not renamed over"
+    assert [path.name for path in tmp_path.iterdir()] == ["releases.json"]
