@@ -5,6 +5,11 @@
 
 Prints requests/s, prompt tokens/s, p50/p95/p99 latency and errors. ``--direct`` calls the engine in
 this process (no HTTP) with the same requests: the difference in latency is the HTTP overhead.
+
+The HTTP client is aiohttp, one session with one connection per client: a load generator must not be what
+it measures. httpx's connection pool costs each request time that grows with the number of connections
+(``python -m bench.load_client_ceiling`` measures both clients against a server that answers at once or at a
+fixed rate; see BENCHMARKS.md, "The load client").
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import httpx
+import aiohttp
 
 MODEL_NAME = "clef-flash"
 
@@ -108,15 +113,17 @@ async def run_load(call: Callable[[int], Awaitable[int]], clients: int, requests
 async def http_load(
     url: str, clients: int, requests: int, warmup: int, body: Callable[[int], dict[str, Any]]
 ) -> Results:
-    """Load over HTTP (``POST /v1/systemone``); ``body(index)`` gives the request sent as call ``index``."""
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    """Load over HTTP (``POST /v1/systemone``); ``body(index)`` gives the request sent as call ``index``.
+    A response other than 200 counts as a ``RuntimeError``; a failed connection under aiohttp's name."""
+    endpoint = f"{url.rstrip('/')}/v1/systemone"
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
 
         async def call(index: int) -> int:
-            response = await client.post("/v1/systemone", json=body(index))
-            if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}")
-            return int(response.json()["usage"]["input_tokens"])
+            async with session.post(endpoint, json=body(index)) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}")
+                return int((await response.json())["usage"]["input_tokens"])
 
         await run_load(call, clients, warmup)
         return await run_load(call, clients, requests)
