@@ -27,8 +27,10 @@ leak or a left-over engine process cannot spoil the next):
   architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
 - http, http-dp2: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``; ``--dp 2`` for
   http-dp2) and closed-loop HTTP clients (``--http-clients``, default 1/8/64/256; ``--http-requests`` per
-  multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Needs the
-  ``serve`` extra's packages.
+  multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Then, for
+  each of ``--http-repeat-fractions`` (e.g. ``0,0.5,0.9``), one load at ``--http-repeat-clients`` (64) in
+  which that share of the requests repeats one of 8 bodies (the answer cache and in-flight merging at
+  work; its hit/merged/miss counts beside the figures, the load's warm-up included). Needs the ``serve`` extra's packages.
 - ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
@@ -673,6 +675,22 @@ def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tu
     return means
 
 
+def _answer_cache_counts(url: str) -> dict[str, float]:
+    """``clef_answer_cache_total`` by outcome (hit, merged, miss) from the server's ``/metrics``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "clef_answer_cache_total"
+    }
+
+
 class UniqueBodies:
     """Request bodies for HTTP loads, none sent twice in a case: the records in order, then again with a
     repetition marker at the start of the state (a few tokens), so an answer cache never serves them.
@@ -687,6 +705,28 @@ class UniqueBodies:
         self.sent += 1
         body = self.bodies[position]
         return body if rounds == 0 else {**body, "state": f"#{rounds} {body['state']}"}
+
+
+class RepeatedBodies:
+    """Request bodies of which a share ``fraction`` repeats one of :data:`predictor.bench.HOT_BODIES` bodies
+    (the same seeded draw per request index as ``python -m predictor.bench --repeat-fraction``), the others
+    from ``unique`` (never sent before). The repeated bodies are marked with ``label``, so another load's
+    repeated bodies are not already cached."""
+
+    def __init__(self, unique: UniqueBodies, fraction: float, label: str) -> None:
+        self.unique = unique
+        self.fraction = fraction
+        self.label = label
+
+    def __call__(self, index: int) -> dict[str, Any]:
+        from predictor.bench import repeated_index
+
+        chosen = repeated_index(index, self.fraction)
+        if chosen >= 0:
+            return self.unique(index)
+        hot = -1 - chosen
+        body = self.unique.bodies[hot]
+        return {**body, "state": f"#{self.label}-{hot} {body['state']}"}
 
 
 def predictor_command(args: argparse.Namespace, release: str, port: int, data_parallel: int) -> list[str]:
@@ -758,6 +798,18 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
             current = _scrape_timers(url)  # server-side means include the load's few warm-up requests
             result["loads"].append({"clients": clients, **load.summary(), "server_ms_mean": _timer_means(previous, current)})
             previous = current
+        result["repeat_loads"] = []
+        for fraction in args.http_repeat_fractions:
+            clients, count = args.http_repeat_clients, max(args.http_requests, 4 * args.http_repeat_clients)
+            _log(f"http: {clients} clients, {count} requests, {fraction:.0%} repeated")
+            counts_before = _answer_cache_counts(url)
+            repeated = RepeatedBodies(bodies, fraction, label=f"r{len(result['repeat_loads'])}")
+            load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=repeated))
+            counts = _answer_cache_counts(url)
+            result["repeat_loads"].append({
+                "repeat_fraction": fraction, "clients": clients, **load.summary(),
+                "answer_cache": {outcome: int(counts[outcome] - counts_before.get(outcome, 0.0)) for outcome in counts},
+            })
     finally:
         server.terminate()
         try:
@@ -823,6 +875,8 @@ def _child_command(args: argparse.Namespace, key: str) -> list[str]:
                "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
                "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
                "--repeats", str(args.repeats), "--http-single-requests", str(args.http_single_requests),
+               "--http-repeat-fractions", ",".join(map(str, args.http_repeat_fractions)),
+               "--http-repeat-clients", str(args.http_repeat_clients),
                "--predictor-args", json.dumps(args.http_variants.get(variant_name(key) or "", [])),
                ] + (["--profile"] if args.profile else [])
     if args.capture_sizes:
@@ -958,6 +1012,10 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
             rows.append(f"{key} {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
                         f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
                         f"errors {load['errors']}; server ms/request: {server}")
+        for load in http.get("repeat_loads", []):
+            rows.append(f"{key} {load['clients']:>3} clients, {load['repeat_fraction']:.0%} repeated: "
+                        f"{load['requests_per_s']} req/s, {load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, "
+                        f"p95 {load['latency_ms_p95']} ms, errors {load['errors']}; answer cache {load['answer_cache']}")
     return "\n".join(rows)
 
 
@@ -998,6 +1056,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-requests", type=int, default=2000, help="requests per multi-client HTTP load")
     parser.add_argument("--http-single-requests", type=int, default=200, help="requests of the one-client HTTP load")
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)
+    parser.add_argument("--http-repeat-fractions", type=lambda text: [float(v) for v in text.split(",") if v], default=[],
+                        help="after the http loads, one load per share of repeated requests (e.g. 0,0.5,0.9)")
+    parser.add_argument("--http-repeat-clients", type=int, default=64, help="clients of the repeated-request loads")
     parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-key", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--http-args", action="append", default=[], metavar="NAME=ARGS",
@@ -1046,6 +1107,8 @@ def main(argv: list[str] | None = None) -> int:
         args.http_variants = http_variants(args.http_args)
     except ValueError as exc:
         parser.error(str(exc))
+    if not all(0.0 <= fraction <= 1.0 for fraction in args.http_repeat_fractions):
+        parser.error("--http-repeat-fractions: each share must be between 0 and 1")
     cases = [case.strip() for case in args.cases.split(",") if case.strip()]
     unknown = sorted({case for case in cases if case.split("+")[0] not in CASES})
     if unknown:

@@ -61,6 +61,26 @@ def test_smoke_stock_vllm_case_runs_without_the_plugin(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
+def test_smoke_http_case_with_repeated_requests(tmp_path: Path) -> None:
+    """The http case end to end on CPU vLLM: the predictor started as on the GPU, its loads through the load
+    tool's client, and the repeated-request loads with the answer cache's counts."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("kserve")
+    summary = _smoke(tmp_path, "prepare,http", "--http-mode", "eager", "--http-clients", "1,2", "--http-requests", "8",
+                     "--http-single-requests", "4", "--http-repeat-fractions", "0,0.5", "--http-repeat-clients", "2")
+    http = summary["cases"]["http"]
+    assert http["ready_s"] > 0 and http["mode"] == "eager"
+    assert [(load["clients"], load["requests"], load["errors"]) for load in http["loads"]] == [(1, 4, 0), (2, 8, 0)]
+    assert all(load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"] for load in http["loads"])
+    unique, repeated = http["repeat_loads"]
+    assert (unique["repeat_fraction"], repeated["repeat_fraction"]) == (0.0, 0.5)
+    assert unique["errors"] == repeated["errors"] == 0 and unique["requests"] == repeated["requests"] == 8
+    # counts include each load's warm-up, which sends the same request indices first
+    assert unique["answer_cache"].get("hit", 0) == unique["answer_cache"].get("merged", 0) == 0
+    assert repeated["answer_cache"].get("hit", 0) + repeated["answer_cache"].get("merged", 0) > 0
+
+
+@pytest.mark.vllm
 def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     summary = _smoke(  # one pass per engine: three CPU engines must fit the test timeout on a 2-core machine
