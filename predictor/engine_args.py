@@ -86,7 +86,10 @@ def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) ->
     """vLLM's ``AsyncEngineArgs`` from the command line, with the plugin's settings laid over them.
 
     On a CPU the engine runs eager unless asked otherwise (torch.compile costs about a minute there
-    and gains nothing). Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
+    and gains nothing). vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``):
+    the predictor encodes every prompt itself (clef_head) and sends vLLM token ids only; loading them took
+    about 20 s of each start on a 2-core machine (BENCHMARKS.md, "Start time").
+    Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
     import clef_plugin
     from vllm import AsyncEngineArgs
@@ -95,4 +98,4 @@ def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) ->
     given = changed_engine_args(parsed)
     if not on_gpu:
         given.setdefault("enforce_eager", True)
-    return dataclasses.replace(parsed, **clef_plugin.engine_kwargs(model_dir, **given))
+    return dataclasses.replace(parsed, **clef_plugin.engine_kwargs(model_dir, **given), skip_tokenizer_init=True)

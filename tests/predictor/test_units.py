@@ -157,6 +157,7 @@ def test_vllm_owns_its_engine_arguments() -> None:
     assert engine_args.enable_prefix_caching is False and engine_args.enable_chunked_prefill is True
     assert engine_args.language_model_only is True and engine_args.dtype == "bfloat16"
     assert engine_args.enforce_eager is False
+    assert engine_args.skip_tokenizer_init is True  # the predictor sends token ids only
     assert vllm_engine_args(parser.parse_args(["--dp", "3"]), Path("/m"), on_gpu=False).data_parallel_size == 3
     assert vllm_engine_args(parser.parse_args([]), Path("/m"), on_gpu=False).enforce_eager is True
 
