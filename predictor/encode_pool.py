@@ -6,7 +6,10 @@ Workers are started with ``spawn`` (the serving process holds threads and maybe 
 each loads the release's ``tokenizer.json`` once (:class:`predictor.prepare.ReleaseTokenizer`: no torch,
 about 0.3 GB with the Qwen3.5 vocabulary); before the model is ready every worker encodes a probe body,
 which must match the engine tokenizer's prompt. A worker that dies fails the requests it held with 503 +
-Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered.
+Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered. A worker whose job runs
+past :data:`JOB_DEADLINE_S` (a hang, not a slow body: an 8 MiB body, the default limit, takes about 0.5 s)
+ends itself, so a hung worker is handled as a dead one; the deadline counts from the job's start in the
+worker, not from its wait in the pool's queue.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ ENCODER_DIED_RETRY_AFTER_S = 1
 MAX_AUTO_PROCESSES = 4
 CORES_PER_AUTO_PROCESS = 4
 PROBE_MAX_LENGTH = 1 << 20
+JOB_DEADLINE_S = 60
 #: A small valid body every started worker encodes, to compare its prompt with the engine tokenizer's
 #: (accents, CJK, Cyrillic, an emoji, a special token, digits, runs of whitespace).
 PROBE_BODY: dict[str, Any] = {
@@ -82,12 +86,15 @@ class InProcessPreparer:
 class EncodePool:
     """Prepares bodies in ``processes`` worker processes, each with the release's tokenizer."""
 
-    def __init__(self, release_dir: Path, processes: int, engine_tokenizer: Any) -> None:
+    def __init__(
+        self, release_dir: Path, processes: int, engine_tokenizer: Any, job_deadline_s: int = JOB_DEADLINE_S
+    ) -> None:
         if processes < 1:
             raise ValueError("an encode pool needs at least one process")
         self.release_dir = release_dir
         self.processes = processes
         self.engine_tokenizer = engine_tokenizer
+        self.job_deadline_s = job_deadline_s
         self._context = multiprocessing.get_context("spawn")
         self._pool: ProcessPoolExecutor | None = None
         self._settings: PrepareSettings | None = None
@@ -98,7 +105,7 @@ class EncodePool:
             self.processes,
             mp_context=self._context,
             initializer=prepare.init_worker,
-            initargs=(str(self.release_dir),),
+            initargs=(str(self.release_dir), self.job_deadline_s),
         )
 
     async def start(self, settings: PrepareSettings) -> None:

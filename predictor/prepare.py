@@ -10,6 +10,7 @@ either way. Nothing here imports torch, transformers or an engine.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -127,6 +128,7 @@ def prepare_batch_json(
 
 # The worker side of predictor.encode_pool: each worker process loads the release's tokenizer once.
 _worker_tokenizer: Any = None
+_worker_job_deadline_s = 0
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -149,17 +151,26 @@ class ReleaseTokenizer:
         return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
 
 
-def init_worker(release_dir: str) -> None:
-    """Process-pool initializer: load the tokenizer this worker encodes with."""
-    global _worker_tokenizer
+def init_worker(release_dir: str, job_deadline_s: int) -> None:
+    """Process-pool initializer: load the tokenizer this worker encodes with, and set the deadline of each
+    job (whole seconds; 0: none). A job still running at its deadline ends the worker by ``SIGALRM``'s
+    default action, wherever it is stuck (a Python handler would wait for the interpreter): the pool then
+    answers it as a dead worker."""
+    global _worker_tokenizer, _worker_job_deadline_s
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     _worker_tokenizer = ReleaseTokenizer(release_dir)
+    _worker_job_deadline_s = job_deadline_s
 
 
 def run_in_worker(job: Callable[..., T], *args: Any) -> T:
-    """Run ``job(tokenizer, *args)`` with this worker's tokenizer."""
+    """Run ``job(tokenizer, *args)`` with this worker's tokenizer, within the worker's job deadline."""
     if _worker_tokenizer is None:
         raise RuntimeError("the encode worker has no tokenizer (init_worker did not run)")
-    return job(_worker_tokenizer, *args)
+    signal.alarm(_worker_job_deadline_s)
+    try:
+        return job(_worker_tokenizer, *args)
+    finally:
+        signal.alarm(0)
 
 
 def worker_probe(tokenizer: Any, settings: PrepareSettings, body: Any) -> tuple[int, list[int]]:

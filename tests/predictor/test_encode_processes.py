@@ -106,6 +106,33 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
     assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
 
 
+def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_release: Path) -> None:
+    """A hung worker is handled as a dead one: its request gets 503 ``encoder_died``, new workers answer."""
+    from transformers import AutoTokenizer
+
+    from clef_head.request import DEFAULT_LIMITS
+    from predictor.encode_pool import EncodePool
+    from predictor.prepare import PrepareSettings
+    from predictor.request_policy import RequestPolicy
+    from tests.predictor.slow_jobs import sleep_for
+
+    pool = EncodePool(tiny_release, 1, AutoTokenizer.from_pretrained(str(tiny_release)), job_deadline_s=2)
+
+    async def scenario() -> None:
+        await pool.start(PrepareSettings(MODEL_NAME, DEFAULT_LIMITS, RequestPolicy(), MAX_MODEL_LEN))
+        assert await pool.run(sleep_for, 0.5) == 0.5  # within the deadline: answered
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as hung:
+            await pool.run(sleep_for, 120)
+        assert hung.value.reason == "encoder_died" and time.monotonic() - started < 60
+        assert await pool.run(sleep_for, 0.1) == 0.1  # a new worker
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+
+
 def bodies_to_compare() -> dict[str, bytes]:
     """Varied valid bodies (answers) and bad ones (errors), by name."""
     valid = {f"sample {index}": json.dumps(body).encode() for index, body in enumerate(make_requests(14, 10))}
