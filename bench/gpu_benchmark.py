@@ -644,24 +644,28 @@ TIMERS = (
 )
 
 
-def _scrape_timers(url: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) of every histogram series in :data:`TIMERS` from the server's ``/metrics``."""
+def _metric_samples(url: str) -> list[Any]:
+    """Every sample the server's ``/metrics`` exposes now."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _scrape_timers(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of every histogram series in :data:`TIMERS` from the server's ``/metrics``."""
     found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            base = sample.name.rsplit("_", 1)[0]
-            if base not in TIMERS or not sample.name.endswith(("_sum", "_count")):
-                continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k in ("stage", "route"))
-            key = f"{base}{{{labels}}}" if labels else base
-            pair = found.setdefault(key, [0.0, 0.0])
-            pair[0 if sample.name.endswith("_sum") else 1] += sample.value
+    for sample in _metric_samples(url):
+        base = sample.name.rsplit("_", 1)[0]
+        if base not in TIMERS or not sample.name.endswith(("_sum", "_count")):
+            continue
+        labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k in ("stage", "route"))
+        key = f"{base}{{{labels}}}" if labels else base
+        pair = found.setdefault(key, [0.0, 0.0])
+        pair[0 if sample.name.endswith("_sum") else 1] += sample.value
     return {key: (value[0], value[1]) for key, value in found.items()}
 
 
@@ -677,18 +681,7 @@ def _timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tu
 
 def _answer_cache_counts(url: str) -> dict[str, float]:
     """``clef_answer_cache_total`` by outcome (hit, merged, miss) from the server's ``/metrics``."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        sample.labels["outcome"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "clef_answer_cache_total"
-    }
+    return {sample.labels["outcome"]: sample.value for sample in _metric_samples(url) if sample.name == "clef_answer_cache_total"}
 
 
 class UniqueBodies:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench.load_client_ceiling import BODY, started_server
 from predictor.bench import http_load
+from tests.predictor.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,8 +28,6 @@ def test_http_load_counts_every_answer_of_a_fixed_rate_server() -> None:
 
 
 def test_http_load_counts_a_refused_connection_as_an_error() -> None:
-    from bench.load_client_ceiling import free_port
-
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     results = asyncio.run(http_load(url, clients=2, requests=4, warmup=0, body=lambda _index: BODY)).summary()
     assert (results["requests"], results["errors"]) == (0, 4)
