@@ -32,6 +32,7 @@ from predictor.model import ClefModel, ServingOptions
 from predictor.observe import configure_json_logs
 from predictor.server_limits import ClefModelServer
 from predictor.service import ModelCard
+from predictor.warmup import WarmupDoesNotFit
 
 log = logging.getLogger("predictor")
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:
         model.load()
-    except PluginSettingConflict as exc:
+    except (PluginSettingConflict, WarmupDoesNotFit) as exc:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")

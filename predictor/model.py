@@ -29,7 +29,7 @@ from predictor.errors import bad_request
 from predictor.http_body import decode_json_body
 from predictor.lifecycle import EngineWatchdog, Lifecycle, Phase
 from predictor.service import ModelCard, SystemOneService
-from predictor.warmup import run_warmup, schema_tokens, warmup_plan
+from predictor.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class ClefModel(Model):
         self.backend: Engine | None = None
         self.service: SystemOneService | None = None
         self.watchdog: EngineWatchdog | None = None
+        self.warmup: WarmupSchema | None = None
 
     @property
     def ready(self) -> bool:
@@ -110,6 +111,17 @@ class ClefModel(Model):
         if self.backend is None:
             started = time.perf_counter()
             backend = self._engine_factory()
+            try:
+                self.warmup = warmup_schema(backend.tokenizer, backend.max_length)
+            except WarmupDoesNotFit:
+                backend.close()
+                raise
+            if not self.warmup.full:
+                log.warning(
+                    "--max-model-len %d is too short for the full warm-up schema: warming up with one choice "
+                    "question only; the first requests with other question types may compile kernels",
+                    backend.max_length,
+                )
             self.watchdog = EngineWatchdog(
                 self.lifecycle,
                 backend.check_health,
@@ -146,14 +158,15 @@ class ClefModel(Model):
         await self.backend.start()
         assert self.service is not None
         await self.service.preparer.start(self.service.settings)
-        plan = warmup_plan(self.backend.max_length, self.options.warmup_max_batch, schema_tokens(self.backend))
+        assert self.warmup is not None
+        plan = warmup_plan(self.backend.max_length, self.options.warmup_max_batch, self.warmup.tokens)
         log.info(
             "warm-up started: %d shapes x %d round(s), prompts up to %d tokens; not ready until it ends",
             len(plan),
             self.options.warmup_rounds,
             self.backend.max_length,
         )
-        seconds = await run_warmup(self.backend, plan, self.options.warmup_rounds)
+        seconds = await run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds)
         metrics.WARMUP_SECONDS.set(seconds)
         self.lifecycle.enter(Phase.OK)
         log.info("warm-up finished in %.1fs: model %r is ready", seconds, self.name)

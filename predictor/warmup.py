@@ -5,6 +5,9 @@ as it is for real requests), with one question of every type, through the engine
 Every shape runs twice, at a length that is a multiple of 16 and at one token fewer: Triton compiles
 a separate kernel variant for integer arguments divisible by 16, and real prompts have any length,
 so warming only round lengths would leave a kernel compilation to the first real request.
+
+The schema is the fullest of :data:`WARMUP_SCHEMAS` that fits the maximum prompt length; a maximum too short
+for any of them cannot answer any request and is refused at start (:class:`WarmupDoesNotFit`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from clef_head.encoder import EncodedRequest, encode_request
 from clef_head.request import parse_request
@@ -20,11 +24,15 @@ from predictor.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
-WARMUP_QUESTIONS = {
-    "urgent": {"type": "noul"},
-    "topic": {"type": "choice", "criteria": {"billing": None, "other": None}},
-    "tone": {"type": "score", "criteria": ["calm", "upset"]},
-}
+WARMUP_SCHEMAS: tuple[dict[str, Any], ...] = (
+    {
+        "urgent": {"type": "noul"},
+        "topic": {"type": "choice", "criteria": {"billing": None, "other": None}},
+        "tone": {"type": "score", "criteria": ["calm", "upset"]},
+    },
+    {"topic": {"type": "choice", "criteria": {"billing": None, "other": None}}},
+)
+"""Warm-up questions, fullest first: one of every type, then one two-option choice for short maximum lengths."""
 SHORTEST = 256
 BATCH_SIZES = (1, 4, 16)
 
@@ -63,26 +71,55 @@ def warmup_plan(max_length: int, max_batch: int = 16, min_tokens: int = 0) -> li
     return plan
 
 
-def schema_tokens(engine: Engine) -> int:
-    """Tokens of a warm-up prompt with an empty state (the shortest warm-up prompt possible)."""
-    request = parse_request({"model": "warmup", "state": "", "questions": WARMUP_QUESTIONS})
-    return len(encode_request(engine.tokenizer, request, max_length=1 << 30).input_ids)
+class WarmupDoesNotFit(ValueError):
+    """The maximum prompt length is shorter than every warm-up prompt: no request could be answered."""
 
 
-def warmup_prompt(engine: Engine, tokens: int) -> EncodedRequest:
+@dataclass(frozen=True)
+class WarmupSchema:
+    """The warm-up's questions and the tokens of their prompt with an empty state (its shortest prompt)."""
+
+    questions: dict[str, Any]
+    tokens: int
+
+    @property
+    def full(self) -> bool:
+        """Whether every question type is warmed up."""
+        return self.questions == WARMUP_SCHEMAS[0]
+
+
+def schema_tokens(tokenizer: Any, questions: dict[str, Any]) -> int:
+    """Tokens of a prompt with ``questions`` and an empty state."""
+    request = parse_request({"model": "warmup", "state": "", "questions": questions})
+    return len(encode_request(tokenizer, request, max_length=1 << 30).input_ids)
+
+
+def warmup_schema(tokenizer: Any, max_length: int) -> WarmupSchema:
+    """The fullest of :data:`WARMUP_SCHEMAS` whose prompt fits ``max_length`` tokens."""
+    for questions in WARMUP_SCHEMAS:
+        tokens = schema_tokens(tokenizer, questions)
+        if tokens <= max_length:
+            return WarmupSchema(questions, tokens)
+    raise WarmupDoesNotFit(
+        f"--max-model-len {max_length} leaves no room for a System One request: a prompt with one "
+        f"two-option question and no state takes {tokens} tokens with this release's tokenizer"
+    )
+
+
+def warmup_prompt(tokenizer: Any, schema: WarmupSchema, tokens: int) -> EncodedRequest:
     """A prompt of exactly ``tokens`` tokens (``SchemaTooLong`` when the schema alone is longer)."""
     request = parse_request(
-        {"model": "warmup", "state": "warm up the kernels " * tokens, "questions": WARMUP_QUESTIONS}
+        {"model": "warmup", "state": "warm up the kernels " * tokens, "questions": schema.questions}
     )
-    return encode_request(engine.tokenizer, request, max_length=tokens)
+    return encode_request(tokenizer, request, max_length=tokens)
 
 
-async def run_warmup(engine: Engine, plan: list[WarmupStep], rounds: int = 1) -> float:
-    """Run ``plan`` ``rounds`` times; return the seconds it took."""
+async def run_warmup(engine: Engine, schema: WarmupSchema, plan: list[WarmupStep], rounds: int = 1) -> float:
+    """Run ``plan`` with ``schema``'s questions ``rounds`` times; return the seconds it took."""
     started = time.perf_counter()
     for round_index in range(rounds):
         for step in plan:
-            prompt = warmup_prompt(engine, step.tokens)
+            prompt = warmup_prompt(engine.tokenizer, schema, step.tokens)
             step_started = time.perf_counter()
             logits = await asyncio.gather(*(engine.score(prompt) for _ in range(step.batch)))
             if any(value.shape != (prompt.layout.option_count,) for value in logits):

@@ -22,6 +22,7 @@ from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecyc
 from predictor.model import ClefModel, ServingOptions  # noqa: E402
 from predictor.service import ModelCard, SystemOneService  # noqa: E402
 from predictor.service_errors import Unavailable  # noqa: E402
+from predictor.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema  # noqa: E402
 from tests.predictor.conftest import MODEL_NAME, simple_request  # noqa: E402
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
@@ -32,9 +33,11 @@ class FakeEngine(Engine):
 
     kind = "fake"
 
-    def __init__(self, tokenizer: Any, capacity: int = 2) -> None:
+    def __init__(self, tokenizer: Any, capacity: int = 2, max_length: int = 512) -> None:
         self._tokenizer = tokenizer
         self._capacity = capacity
+        self._max_length = max_length
+        self.lengths: list[int] = []
         self.calls = 0
         self.gate = asyncio.Event()
         self.gate.set()
@@ -47,7 +50,7 @@ class FakeEngine(Engine):
 
     @property
     def max_length(self) -> int:
-        return 512
+        return self._max_length
 
     @property
     def capacity(self) -> int:
@@ -55,6 +58,7 @@ class FakeEngine(Engine):
 
     async def score(self, encoded: EncodedRequest) -> torch.Tensor:
         self.calls += 1
+        self.lengths.append(len(encoded.input_ids))
         await self.gate.wait()
         if self.dead:
             raise EngineDead(self.dead)
@@ -184,6 +188,36 @@ def _model(engine: FakeEngine, exits: list[int], exit_on_death: bool = True) -> 
     model = ClefModel(CARD, lambda: engine, options=options, exit_process=exits.append)
     assert model.load() and model.ready and model.engine
     return model
+
+
+def test_the_warm_up_uses_the_fullest_schema_that_fits_and_refuses_a_length_no_request_fits(tokenizer: Any) -> None:
+    full, short = (schema_tokens(tokenizer, questions) for questions in WARMUP_SCHEMAS)
+    assert short < full
+    assert warmup_schema(tokenizer, full) == WarmupSchema(WARMUP_SCHEMAS[0], full)
+    assert warmup_schema(tokenizer, full).full
+    assert warmup_schema(tokenizer, full - 1) == WarmupSchema(WARMUP_SCHEMAS[1], short)
+    with pytest.raises(WarmupDoesNotFit, match=f"--max-model-len {short - 1} leaves no room .* takes {short} tokens"):
+        warmup_schema(tokenizer, short - 1)
+
+    exits: list[int] = []
+    engine = FakeEngine(tokenizer, max_length=full - 1)
+    model = _model(engine, exits)
+    assert model.warmup is not None and not model.warmup.full
+
+    async def warm_up() -> None:
+        watching = asyncio.create_task(model.start_engine())
+        while not model.lifecycle.ready:
+            await asyncio.sleep(0.01)
+        model.stop_engine()
+        await asyncio.wait_for(watching, 10)
+
+    asyncio.run(warm_up())
+    assert engine.lengths and max(engine.lengths) == full - 1 and min(engine.lengths) >= short
+
+    too_short = FakeEngine(tokenizer, max_length=short - 1)
+    with pytest.raises(WarmupDoesNotFit):
+        ClefModel(CARD, lambda: too_short, options=ServingOptions()).load()
+    assert too_short.closed and too_short.calls == 0
 
 
 def test_engine_death_ends_the_process_within_five_seconds_and_in_flight_requests_get_503(tokenizer: Any) -> None:

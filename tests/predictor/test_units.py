@@ -213,6 +213,15 @@ def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> N
         assert message in capsys.readouterr().err
 
 
+def test_a_max_model_len_no_request_fits_is_a_usage_error(tiny_release: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--engine", "transformers", "--model-dir", str(tiny_release), "--max-model-len", "64"])
+    assert caught.value.code == 2
+    assert "--max-model-len 64 leaves no room for a System One request" in capsys.readouterr().err
+
+
 def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from predictor.memory import InsufficientMemory, check_transformers_memory, check_vllm_cpu_memory, release_parameters
 
