@@ -7,7 +7,7 @@ a separate kernel variant for integer arguments divisible by 16, and real prompt
 so warming only round lengths would leave a kernel compilation to the first real request.
 
 The schema is the fullest of :data:`WARMUP_SCHEMAS` that fits the maximum prompt length; a maximum too short
-for any of them cannot answer any request and is refused at start (:class:`WarmupDoesNotFit`).
+for all of them is refused at start (:class:`WarmupDoesNotFit`): no request would fit it either.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def warmup_plan(max_length: int, max_batch: int = 16, min_tokens: int = 0) -> li
 
 
 class WarmupDoesNotFit(ValueError):
-    """The maximum prompt length is shorter than every warm-up prompt: no request could be answered."""
+    """The maximum prompt length is shorter than every warm-up prompt. The last one, one two-option choice
+    question and no state, is as short as a request can be with Qwen3.5's tokenizer (112 tokens)."""
 
 
 @dataclass(frozen=True)
