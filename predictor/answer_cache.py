@@ -1,17 +1,23 @@
-"""Identical prompts scored once: a byte-bounded LRU of option logits, and in-flight merging.
+"""Identical requests answered once: a byte-bounded LRU of answers, and in-flight merging.
 
-Two requests share logits only when their encoded prompts are identical: the same token ids and
-the same layout (questions, options, spans), compared exactly, not by a hash. The response is
-still built from each request itself. Requests that differ only in what the encoder normalizes
-away (key order inside the state, for instance) encode identically and share.
+Two kinds of entries share one budget (``--answer-cache-bytes``):
+
+- option logits by prompt (:func:`cache_key`): two requests share logits only when their encoded prompts
+  are identical: the same token ids and the same layout (questions, options, spans), compared exactly, not
+  by a hash. The response is still built from each request itself. Requests that differ only in what the
+  encoder normalizes away (key order inside the state, for instance) encode identically and share;
+- whole responses by body (:func:`body_key`): a body identical byte for byte to one answered before (a
+  retry, a fan-out), under the same content type and serving settings, is answered from that response's
+  JSON text before it is read, validated or encoded, so a repeat does not wait for an encode worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from array import array
 from collections import OrderedDict
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Hashable
 
 import torch
 
@@ -20,8 +26,12 @@ from clef_head.layout import RecordLayout
 from predictor import metrics
 
 CacheKey = tuple[bytes, RecordLayout]
+BodyKey = tuple[Hashable, str, bytes]
+"""The serving settings a body is read under, its content type, and the body."""
+ResponseEntry = tuple[bytes, int]
+"""A response's JSON text and the prompt tokens it answered."""
 ENTRY_OVERHEAD_BYTES = 256
-"""Dictionary slot, tuple, tensor header and layout objects of one entry, roughly."""
+"""Dictionary slot, tuples, tensor header and layout objects of one entry, roughly."""
 
 
 def cache_key(encoded: EncodedRequest) -> CacheKey:
@@ -29,8 +39,14 @@ def cache_key(encoded: EncodedRequest) -> CacheKey:
     return array("i", encoded.input_ids).tobytes(), encoded.layout
 
 
+def body_key(settings: Hashable, content_type: str, body: bytes) -> BodyKey:
+    """The exact identity of a request body under ``settings`` (what reading and encoding it depend on)."""
+    return settings, content_type, body
+
+
 class AnswerCache:
-    """Option logits by prompt, least recently used first out, at most ``max_bytes`` (0: no cache).
+    """Option logits by prompt and responses by body, least recently used first out, at most ``max_bytes``
+    (0: no cache).
 
     :meth:`score` also merges concurrent calls for the same prompt into one engine call, cache or not.
     """
@@ -40,31 +56,55 @@ class AnswerCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[CacheKey, tuple[torch.Tensor, int]] = OrderedDict()
+        self._entries: OrderedDict[CacheKey | BodyKey, tuple[torch.Tensor | ResponseEntry, int]] = OrderedDict()
         self._in_flight: dict[CacheKey, asyncio.Task[torch.Tensor]] = {}
         metrics.ANSWER_CACHE_BYTES.set_function(lambda: self.bytes)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: CacheKey) -> torch.Tensor | None:
-        """The cached logits of ``key`` (now the most recently used), or None."""
+    def _get(self, key: CacheKey | BodyKey) -> torch.Tensor | ResponseEntry | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._entries.move_to_end(key)
         return entry[0]
 
-    def put(self, key: CacheKey, logits: torch.Tensor) -> None:
-        """Keep ``logits`` for ``key``, dropping the least recently used entries beyond ``max_bytes``."""
-        size = len(key[0]) + logits.numel() * logits.element_size() + ENTRY_OVERHEAD_BYTES
+    def _put(self, key: CacheKey | BodyKey, value: torch.Tensor | ResponseEntry, size: int) -> None:
         if size > self.max_bytes or key in self._entries:
             return
-        self._entries[key] = (logits, size)
+        self._entries[key] = (value, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, (_, dropped) = self._entries.popitem(last=False)
             self.bytes -= dropped
+
+    def get(self, key: CacheKey) -> torch.Tensor | None:
+        """The cached logits of ``key`` (now the most recently used), or None."""
+        logits = self._get(key)
+        assert logits is None or isinstance(logits, torch.Tensor)
+        return logits
+
+    def put(self, key: CacheKey, logits: torch.Tensor) -> None:
+        """Keep ``logits`` for ``key``, dropping the least recently used entries beyond ``max_bytes``."""
+        self._put(key, logits, len(key[0]) + logits.numel() * logits.element_size() + ENTRY_OVERHEAD_BYTES)
+
+    def response(self, key: BodyKey) -> tuple[dict[str, Any], int] | None:
+        """A new copy of the response kept for ``key`` and its prompt tokens (a hit), or None."""
+        entry = self._get(key)
+        if entry is None:
+            return None
+        assert isinstance(entry, tuple)
+        metrics.ANSWER_CACHE.labels(outcome="hit").inc()
+        text, tokens = entry
+        return json.loads(text), tokens
+
+    def keep_response(self, key: BodyKey, response: dict[str, Any], tokens: int) -> None:
+        """Keep ``response`` (as JSON text) for the body of ``key``, within ``max_bytes``."""
+        if self.max_bytes == 0:
+            return
+        text = json.dumps(response, separators=(",", ":")).encode()
+        self._put(key, (text, tokens), len(key[1]) + len(key[2]) + len(text) + ENTRY_OVERHEAD_BYTES)
 
     async def score(self, key: CacheKey, compute: Callable[[], Awaitable[torch.Tensor]]) -> torch.Tensor:
         """Cached logits, or those of an identical prompt in flight, or ``compute()``'s (then cached).

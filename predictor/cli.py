@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--answer-cache-bytes", type=int, default=DEFAULT_ANSWER_CACHE_BYTES,
-        help="bytes of option logits kept for identical prompts (0: no cache; identical requests in flight are merged)",
+        help="bytes of answers kept for identical requests: option logits by prompt, responses by body (0: no cache; "
+        "identical requests in flight are merged)",
     )
     group.add_argument(
         "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,

@@ -47,7 +47,8 @@ REJECTED = Counter(
 )
 ANSWER_CACHE = Counter(
     "clef_answer_cache_total",
-    "Records by answer-cache outcome: hit (cached logits), merged (an identical prompt was in flight), miss.",
+    "Records by answer-cache outcome: hit (a response kept for the same body, or cached logits for the same "
+    "prompt), merged (an identical prompt was in flight), miss.",
     ["outcome"],
 )
 ANSWER_CACHE_BYTES = Gauge("clef_answer_cache_bytes", "Bytes held by the answer cache (--answer-cache-bytes bounds it).")

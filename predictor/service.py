@@ -3,7 +3,8 @@ in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.service_errors`); the HTTP layer maps them to statuses.
 Admission is bounded (``max_queued`` records at once, beyond that :class:`Unavailable` ``overloaded``);
-identical prompts are scored once (:class:`~predictor.answer_cache.AnswerCache`).
+identical prompts are scored once, and a body identical to one answered before is answered without being
+read again (:class:`~predictor.answer_cache.AnswerCache`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from clef_head.answers import build_response
 from clef_head.encoder import EncodedRequest
 from clef_head.request import DEFAULT_LIMITS, RequestLimits, SystemOneRequest
 from predictor import metrics, prepare
-from predictor.answer_cache import AnswerCache, cache_key
+from predictor.answer_cache import AnswerCache, body_key, cache_key
 from predictor.encode_pool import InProcessPreparer, Preparer
 from predictor.engines.base import Engine, EngineDead
 from predictor.lifecycle import Lifecycle
@@ -50,6 +51,14 @@ class ModelCard:
     def to_json(self) -> dict[str, str]:
         """The TypeSafe model-list entry."""
         return {"name": self.name, "description": self.description, "release_date": self.release_date}
+
+
+def count_record(tokens: int) -> None:
+    """Count one answered record of ``tokens`` prompt tokens (metrics, and the request's own tally)."""
+    metrics.RECORDS.inc()
+    metrics.INPUT_TOKENS.inc(tokens)
+    metrics.PROMPT_TOKENS.observe(tokens)
+    record_tokens(tokens)
 
 
 class SystemOneService:
@@ -146,10 +155,7 @@ class SystemOneService:
         logits = await self.cache.score(cache_key(encoded), lambda: self._engine_score(encoded))
         answered = time.perf_counter()
         tokens = len(encoded.input_ids)
-        metrics.RECORDS.inc()
-        metrics.INPUT_TOKENS.inc(tokens)
-        metrics.PROMPT_TOKENS.observe(tokens)
-        record_tokens(tokens)
+        count_record(tokens)
         response = build_response(request, encoded.layout, logits, tokens)  # echoes the name asked for (an alias)
         response["usage"]["state_truncated"] = encoded.state_truncated
         metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - answered)
@@ -162,8 +168,16 @@ class SystemOneService:
     async def answer_json(self, raw: bytes, content_type: str) -> dict[str, Any]:
         """``POST /v1/systemone``: the response to a raw body (read, validated and encoded by the preparer)."""
         with self.admitted(1):
+            key = body_key(self.settings, content_type, raw)
+            kept = self.cache.response(key)
+            if kept is not None:
+                response, tokens = kept
+                count_record(tokens)
+                return response
             request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
-            return await self.score(request, encoded)
+            response = await self.score(request, encoded)
+            self.cache.keep_response(key, response, len(encoded.input_ids))
+            return response
 
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
         """Responses for several parsed bodies; all are validated and encoded before any is scored."""

@@ -208,6 +208,25 @@ def test_compressed_bodies(client: httpx.Client, single_answer: dict) -> None:
     assert_same_answer(predicted.json()["predictions"][0], single_answer)
 
 
+def _metric(client: httpx.Client, sample: str) -> float:
+    line = next((line for line in client.get("/metrics").text.splitlines() if line.startswith(sample + " ")), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_a_repeated_body_is_answered_from_the_cache_without_being_encoded_again(client: httpx.Client) -> None:
+    raw = json.dumps(simple_request(state="a ticket sent twice, the second time compressed")).encode()
+    encoded, hits = 'clef_stage_seconds_count{stage="encode"}', 'clef_answer_cache_total{outcome="hit"}'
+    first = client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+    before = _metric(client, encoded), _metric(client, hits)
+    again = client.post(
+        "/v1/systemone", content=gzip.compress(raw), headers={"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert (_metric(client, encoded), _metric(client, hits)) == (before[0], before[1] + 1)
+    assert again.headers["x-request-id"] != first.headers["x-request-id"]
+
+
 def _long_schema() -> dict:
     questions = {f"question_{i}": {"type": "noul", "instructions": "Decide whether this holds. " * 4} for i in range(12)}
     return {"model": MODEL_NAME, "state": 1, "questions": questions}

@@ -4,6 +4,7 @@ with a fake engine (no model, no server)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -16,12 +17,13 @@ import torch
 pytest.importorskip("kserve")
 
 from clef_head.encoder import EncodedRequest  # noqa: E402
+from predictor.encode_pool import InProcessPreparer  # noqa: E402
 from predictor.engines.base import Engine, EngineDead  # noqa: E402
 from predictor.errors import from_service_error  # noqa: E402
 from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecycle, Phase  # noqa: E402
 from predictor.model import ClefModel, ServingOptions  # noqa: E402
 from predictor.service import ModelCard, SystemOneService  # noqa: E402
-from predictor.service_errors import Unavailable  # noqa: E402
+from predictor.service_errors import ServiceError, Unavailable  # noqa: E402
 from predictor.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema  # noqa: E402
 from tests.predictor.conftest import MODEL_NAME, simple_request  # noqa: E402
 
@@ -152,6 +154,85 @@ def test_different_question_ids_never_share_logits(tokenizer: Any) -> None:
 
     one, two = asyncio.run(scenario())
     assert engine.calls == 2 and set(two["answers"]) == {"urgent_2", "topic_2", "tone_2"}
+
+
+class CountingPreparer(InProcessPreparer):
+    """Prepares in a thread, counting the bodies it is given."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.jobs = 0
+
+    async def run(self, job: Any, *args: Any) -> Any:
+        self.jobs += 1
+        return await super().run(job, *args)
+
+
+def _hits() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("clef_answer_cache_total", {"outcome": "hit"}) or 0.0
+
+
+def test_a_body_answered_before_is_answered_again_without_being_read_and_equal(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    preparer = CountingPreparer(tokenizer)
+    service = serving(engine, answer_cache_bytes=1 << 20, preparer=preparer)
+    raw = json.dumps(simple_request()).encode()
+    reordered = json.dumps(dict(reversed(list(simple_request().items())))).encode()
+
+    async def scenario() -> list[dict[str, Any]]:
+        first = await service.answer_json(raw, "application/json")
+        first["usage"]["input_tokens"] = -1  # a caller changing its response changes no later answer
+        return [await service.answer_json(raw, "application/json"), await service.answer_json(raw, "application/json"),
+                await service.answer_json(raw, "application/json; charset=utf-8"), await service.answer_json(reordered, "application/json")]
+
+    hits = _hits()
+    again, third, other_type, reordered_answer = asyncio.run(scenario())
+    alone = asyncio.run(serving(FakeEngine(tokenizer)).answer_json(raw, "application/json"))
+    assert again == third == other_type == reordered_answer == alone
+    # the repeats were neither read nor scored; another content type or byte order is read again, not scored
+    assert preparer.jobs == 3 and engine.calls == 1
+    assert _hits() - hits == 4
+    assert again is not third  # each hit is its own copy
+
+
+def test_a_body_is_answered_from_the_cache_only_while_serving_and_never_when_it_failed(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    preparer = CountingPreparer(tokenizer)
+    service = serving(engine, answer_cache_bytes=1 << 20, preparer=preparer)
+    raw = json.dumps(simple_request()).encode()
+    wrong = json.dumps(simple_request(model="another-model")).encode()
+    asyncio.run(service.answer_json(raw, "application/json"))
+    for _ in range(2):
+        with pytest.raises(ServiceError):
+            asyncio.run(service.answer_json(wrong, "application/json"))
+    assert preparer.jobs == 3  # a refused body is read again each time
+    service.lifecycle.phase = Phase.DRAINING
+    with pytest.raises(Unavailable):
+        asyncio.run(service.answer_json(raw, "application/json"))
+    off = serving(FakeEngine(tokenizer), answer_cache_bytes=0, preparer=CountingPreparer(tokenizer))
+    for _ in range(2):
+        asyncio.run(off.answer_json(raw, "application/json"))
+    assert off.preparer.jobs == 2 and off.engine.calls == 2 and len(off.cache) == 0
+
+
+def test_responses_and_logits_share_the_bytes_of_one_cache() -> None:
+    from predictor.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache, body_key
+
+    response = {"answers": {"q": "yes"}, "usage": {"input_tokens": 7}}
+    text = json.dumps(response, separators=(",", ":")).encode()
+    keys = [body_key(("settings",), "application/json", bytes([i]) * 32) for i in range(3)]
+    entry = len("application/json") + 32 + len(text) + ENTRY_OVERHEAD_BYTES
+    cache = AnswerCache(max_bytes=2 * entry)
+    for key in keys[:2]:
+        cache.keep_response(key, response, 7)
+    assert cache.response(keys[0]) == (response, 7)  # keys[0] is now the most recently used
+    cache.keep_response(keys[2], response, 7)
+    assert cache.bytes == 2 * entry and cache.response(keys[1]) is None and cache.response(keys[0]) is not None
+    too_big = AnswerCache(max_bytes=entry - 1)
+    too_big.keep_response(keys[0], response, 7)
+    assert len(too_big) == 0 and too_big.bytes == 0
 
 
 def test_the_cache_stays_within_its_bytes_and_drops_the_least_recently_used() -> None:
