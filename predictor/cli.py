@@ -26,6 +26,7 @@ from predictor.api_args import (
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.health import NotReadyTracebackFilter
 from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
@@ -138,6 +139,7 @@ def configure_logging(args: argparse.Namespace) -> None:
     if args.configure_logging:
         kserve_logging.configure_logging(args.log_config_file)
     kserve_logger = logging.getLogger(kserve_logging.KSERVE_LOGGER_NAME)
+    kserve_logger.addFilter(NotReadyTracebackFilter())
     for name in ("predictor", "clef_head"):
         ours = logging.getLogger(name)
         ours.handlers = list(kserve_logger.handlers)

@@ -2,13 +2,17 @@
 readiness ``GET /v2/health/ready``, answered from the lifecycle (KServe's own answers 200 while warm-up runs).
 
 Model readiness stays on KServe's own routes (``GET /v1/models/<name>``, ``/v2/models/<name>/ready``),
-which ask the model's :class:`~predictor.lifecycle.Lifecycle` too.
+which ask the model's :class:`~predictor.lifecycle.Lifecycle` too. KServe logs each of their 503s with a
+traceback at ERROR; :class:`NotReadyTracebackFilter` drops those (a probe during warm-up is no error).
 """
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
+from kserve.errors import ModelNotReady
 
 from predictor.lifecycle import Lifecycle, Phase
 
@@ -48,3 +52,12 @@ def install_health_routes(app: FastAPI, lifecycle: Lifecycle) -> None:
     """Put the health routes first in ``app``: the first route that matches answers, and KServe's app already
     has its own ``/v2/health/ready``."""
     app.router.routes[:0] = health_router(lifecycle).routes
+
+
+class NotReadyTracebackFilter(logging.Filter):
+    """Drops KServe's ERROR record, with traceback, of a request answered 503 because the model is not ready
+    (every readiness probe that lands in the warm-up gets one); the 503 itself stays in the access log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a record of :class:`kserve.errors.ModelNotReady`."""
+        return not (record.exc_info is not None and isinstance(record.exc_info[1], ModelNotReady))

@@ -63,6 +63,7 @@ def test_not_ready_until_warm_up_ends(server: Predictor, client: httpx.Client) -
         assert statuses == sorted(statuses, reverse=True) and set(statuses) == {503, 200}, (path, statuses)
     assert "warm-up finished" not in server.log().split("Uvicorn running")[0], "listening only after warm-up"
     assert "warm-up finished" in server.log_at_first_ready, "a probe said 200 before warm-up ended"
+    assert "ModelNotReady" not in server.log(), "a probe during warm-up is logged as an error with a traceback"
     for path in PROBES:
         assert client.get(path).status_code == 200, path
     assert client.get(f"/v1/models/{MODEL_NAME}").json() == {"name": MODEL_NAME, "ready": True}
