@@ -28,8 +28,6 @@ from predictor import metrics
 CacheKey = tuple[bytes, RecordLayout]
 BodyKey = tuple[Hashable, str, bytes]
 """The serving settings a body is read under, its content type, and the body."""
-ResponseEntry = tuple[bytes, int]
-"""A response's JSON text and the prompt tokens it answered."""
 ENTRY_OVERHEAD_BYTES = 256
 """Dictionary slot, tuples, tensor header and layout objects of one entry, roughly."""
 
@@ -56,21 +54,21 @@ class AnswerCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[CacheKey | BodyKey, tuple[torch.Tensor | ResponseEntry, int]] = OrderedDict()
+        self._entries: OrderedDict[CacheKey | BodyKey, tuple[torch.Tensor | bytes, int]] = OrderedDict()
         self._in_flight: dict[CacheKey, asyncio.Task[torch.Tensor]] = {}
         metrics.ANSWER_CACHE_BYTES.set_function(lambda: self.bytes)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _get(self, key: CacheKey | BodyKey) -> torch.Tensor | ResponseEntry | None:
+    def _get(self, key: CacheKey | BodyKey) -> torch.Tensor | bytes | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._entries.move_to_end(key)
         return entry[0]
 
-    def _put(self, key: CacheKey | BodyKey, value: torch.Tensor | ResponseEntry, size: int) -> None:
+    def _put(self, key: CacheKey | BodyKey, value: torch.Tensor | bytes, size: int) -> None:
         if size > self.max_bytes or key in self._entries:
             return
         self._entries[key] = (value, size)
@@ -89,22 +87,21 @@ class AnswerCache:
         """Keep ``logits`` for ``key``, dropping the least recently used entries beyond ``max_bytes``."""
         self._put(key, logits, len(key[0]) + logits.numel() * logits.element_size() + ENTRY_OVERHEAD_BYTES)
 
-    def response(self, key: BodyKey) -> tuple[dict[str, Any], int] | None:
-        """A new copy of the response kept for ``key`` and its prompt tokens (a hit), or None."""
-        entry = self._get(key)
-        if entry is None:
+    def response(self, key: BodyKey) -> dict[str, Any] | None:
+        """A new copy of the response kept for ``key`` (a hit), or None."""
+        text = self._get(key)
+        if text is None:
             return None
-        assert isinstance(entry, tuple)
+        assert isinstance(text, bytes)
         metrics.ANSWER_CACHE.labels(outcome="hit").inc()
-        text, tokens = entry
-        return json.loads(text), tokens
+        return json.loads(text)
 
-    def keep_response(self, key: BodyKey, response: dict[str, Any], tokens: int) -> None:
+    def keep_response(self, key: BodyKey, response: dict[str, Any]) -> None:
         """Keep ``response`` (as JSON text) for the body of ``key``, within ``max_bytes``."""
         if self.max_bytes == 0:
             return
         text = json.dumps(response, separators=(",", ":")).encode()
-        self._put(key, (text, tokens), len(key[1]) + len(key[2]) + len(text) + ENTRY_OVERHEAD_BYTES)
+        self._put(key, text, len(key[1]) + len(key[2]) + len(text) + ENTRY_OVERHEAD_BYTES)
 
     async def score(self, key: CacheKey, compute: Callable[[], Awaitable[torch.Tensor]]) -> torch.Tensor:
         """Cached logits, or those of an identical prompt in flight, or ``compute()``'s (then cached).

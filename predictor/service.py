@@ -171,12 +171,11 @@ class SystemOneService:
             key = body_key(self.settings, content_type, raw)
             kept = self.cache.response(key)
             if kept is not None:
-                response, tokens = kept
-                count_record(tokens)
-                return response
+                count_record(kept["usage"]["input_tokens"])
+                return kept
             request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
             response = await self.score(request, encoded)
-            self.cache.keep_response(key, response, len(encoded.input_ids))
+            self.cache.keep_response(key, response)
             return response
 
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:

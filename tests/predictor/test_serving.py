@@ -226,12 +226,12 @@ def test_responses_and_logits_share_the_bytes_of_one_cache() -> None:
     entry = len("application/json") + 32 + len(text) + ENTRY_OVERHEAD_BYTES
     cache = AnswerCache(max_bytes=2 * entry)
     for key in keys[:2]:
-        cache.keep_response(key, response, 7)
-    assert cache.response(keys[0]) == (response, 7)  # keys[0] is now the most recently used
-    cache.keep_response(keys[2], response, 7)
+        cache.keep_response(key, response)
+    assert cache.response(keys[0]) == response  # keys[0] is now the most recently used
+    cache.keep_response(keys[2], response)
     assert cache.bytes == 2 * entry and cache.response(keys[1]) is None and cache.response(keys[0]) is not None
     too_big = AnswerCache(max_bytes=entry - 1)
-    too_big.keep_response(keys[0], response, 7)
+    too_big.keep_response(keys[0], response)
     assert len(too_big) == 0 and too_big.bytes == 0
 
 
