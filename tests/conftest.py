@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random releases built by our own code, and the original release code."""
+"""Shared fixtures (tiny random releases built by our own code, the original release code) and the skip policy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 
 from clef_tools.tiny import build_tiny_release
+from tests.skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (the suite's hooks)
 
 REFERENCE_MODULE = "clef_finetune/_vendor/joint_schema_model.py"
 
@@ -30,8 +31,7 @@ def tiny_release_fp8_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference() -> ModuleType:
     """Clef's original release code, loaded by path from the clef-finetune package (test-only)."""
     spec = importlib.util.find_spec("clef_finetune")
-    if spec is None or spec.origin is None:
-        pytest.skip("clef-finetune is not installed (pip install -e '.[dev]')")
+    assert spec is not None and spec.origin is not None, "clef-finetune is not installed (the dev extra has it)"
     path = Path(spec.origin).parent.parent / REFERENCE_MODULE
     module_spec = importlib.util.spec_from_file_location("clef_reference_release", path)
     assert module_spec is not None and module_spec.loader is not None

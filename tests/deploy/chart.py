@@ -17,9 +17,9 @@ CHART = REPO / "charts" / "clef-serving"
 CLEF_CRD = CHART / "crds" / "clefdecisions.yaml"
 ALL_ON_VALUES = pathlib.Path(__file__).resolve().parent / "values-all-on.yaml"
 HELM = pathlib.Path(os.environ.get("HELM", REPO / ".venv" / "bin" / "helm"))
-# KServe ships its CRDs only in its release YAML: tests read a copy of the v0.20.0 CRDs from
-# $KSERVE_CRDS, else from shared/k8s/crds beside the checkout, and skip where neither exists.
-KSERVE_CRDS = pathlib.Path(os.environ.get("KSERVE_CRDS", REPO.parent / "shared" / "k8s" / "crds"))
+# KServe ships its CRDs only in its release YAML (its Python package, 0.21 for the predictor, has none): the tests
+# read a copy of KServe v0.20.0's CRDs kept in the repository (tests/data/kserve-crds/README.md).
+KSERVE_CRDS = REPO / "tests" / "data" / "kserve-crds"
 RELEASE = "clef-serving"
 NAMESPACE = "clef-system"
 
@@ -50,9 +50,10 @@ def load_yaml_objects(path: pathlib.Path) -> list[dict[str, Any]]:
 
 @functools.cache
 def load_kserve_crds() -> dict[str, dict[str, Any]]:
-    """KServe's CRDs by kind (InferenceService, ServingRuntime, ...); empty when the folder is absent."""
+    """KServe's CRDs by kind: InferenceService, ServingRuntime and ClusterServingRuntime."""
     crds: dict[str, dict[str, Any]] = {}
-    for path in sorted(KSERVE_CRDS.glob("*.yaml")) if KSERVE_CRDS.is_dir() else []:
+    for path in sorted(KSERVE_CRDS.glob("*.yaml")):
         for crd in load_yaml_objects(path):
             crds[crd["spec"]["names"]["kind"]] = crd
+    assert set(crds) == {"InferenceService", "ServingRuntime", "ClusterServingRuntime"}, f"{KSERVE_CRDS}: {sorted(crds)}"
     return crds

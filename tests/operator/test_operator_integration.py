@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +22,7 @@ from tests.operator.harness import (
     gpu_node,
     running_operator,
 )
+from tests.operator.rbac_record import RECORD_ENV
 
 NS = "ml"
 DECISION = "clef"
@@ -24,6 +30,9 @@ H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 L4 = dict(product="NVIDIA-L4", family="ada-lovelace", major=8, minor=9)
 A100 = dict(product="NVIDIA-A100-SXM4-80GB", family="ampere", major=8, minor=0)
 B200 = dict(product="NVIDIA-B200", family="blackwell", major=10, minor=0)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -259,17 +268,33 @@ NOT_OBSERVABLE = {
 }
 
 
+SCENARIO_MODULES = {"test_operator_integration.py", "test_cluster_life.py"}
+
+
+def run_scenarios_apart(tmp_path: Path, exclude: str) -> dict[str, set[tuple[str, str, str]]]:
+    """Run every scenario of SCENARIO_MODULES in a separate pytest process; the RBAC requests each made."""
+    record = tmp_path / "rbac.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.operator.rbac_record",
+         "-k", f"not {exclude}", *(str(HERE / name) for name in sorted(SCENARIO_MODULES))],
+        cwd=REPO, env={**os.environ, RECORD_ENV: str(record)}, capture_output=True, text=True, timeout=840, check=False,
+    )
+    assert done.returncode == 0, f"the operator scenarios failed:\n{done.stdout[-5000:]}{done.stderr[-3000:]}"
+    return {name: {tuple(triple) for triple in triples} for name, triples in json.loads(record.read_text()).items()}
+
+
+@pytest.mark.timeout(900)
 def test_documented_rbac_matches_requests(
-    request: pytest.FixtureRequest, observed_rbac: dict[str, set[tuple[str, str, str]]]
+    request: pytest.FixtureRequest, observed_rbac: dict[str, set[tuple[str, str, str]]], tmp_path: Path
 ) -> None:
     """Every request the operator made is in docs/operator.md's list, and the list has nothing unused."""
     # The scenarios of this module and of test_cluster_life.py (name collisions need `get`).
-    modules = {"test_operator_integration.py", "test_cluster_life.py"}
     scenarios = [item.name for item in request.session.items
-                 if item.path.name in modules and item.name != request.node.name]
+                 if item.path.name in SCENARIO_MODULES and item.name != request.node.name]
     collected = {item.path.name for item in request.session.items}
-    if not modules <= collected or not all(name in observed_rbac for name in scenarios):
-        pytest.skip("needs every scenario of test_operator_integration.py and test_cluster_life.py to have run first")
+    if not SCENARIO_MODULES <= collected or not all(name in observed_rbac for name in scenarios):
+        observed_rbac = run_scenarios_apart(tmp_path, exclude=request.node.name)
+        scenarios = list(observed_rbac)
     observed = set().union(*(observed_rbac[name] for name in scenarios))
     documented = documented_rbac()
     assert observed - documented == set(), "requests not covered by docs/operator.md"

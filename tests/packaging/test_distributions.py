@@ -43,8 +43,7 @@ STARTUP_TIMEOUT_S = 600.0
 
 def _uv() -> str:
     found = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    if found is None:
-        pytest.skip("uv is not installed (scripts/bootstrap.sh installs it)")
+    assert found is not None, "uv is not installed (scripts/bootstrap.sh installs it)"
     return found
 
 

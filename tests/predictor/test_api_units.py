@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("kserve")
-
-from predictor import auth  # noqa: E402
-from predictor.api_args import add_api_args, check_api_args, http_limits, request_policy  # noqa: E402
-from predictor.auth import ApiKeys, bearer_token, parse_keys  # noqa: E402
-from predictor.errors import ApiError, format_param, invalid_field, parse_param  # noqa: E402
-from predictor.kserve_inputs import check_v2_binary_body, cloudevent_error  # noqa: E402
-from predictor.request_policy import RequestPolicy  # noqa: E402
-from predictor.route_guard import RouteGuardMiddleware, quoted  # noqa: E402
+from predictor import auth
+from predictor.api_args import add_api_args, check_api_args, http_limits, request_policy
+from predictor.auth import ApiKeys, bearer_token, parse_keys
+from predictor.errors import ApiError, format_param, invalid_field, parse_param
+from predictor.kserve_inputs import check_v2_binary_body, cloudevent_error
+from predictor.request_policy import RequestPolicy
+from predictor.route_guard import RouteGuardMiddleware, quoted
 
 
 @pytest.mark.parametrize("param", ["inputs[0].data[2].model", "instances[1].questions.q", "[3].model", "state", ""])

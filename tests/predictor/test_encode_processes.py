@@ -20,14 +20,12 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-pytest.importorskip("kserve")
-
-from clef_tools.sample_requests import make_requests  # noqa: E402
-from predictor.api_args import encode_processes, resolve_encode_processes  # noqa: E402
-from predictor.encode_pool import auto_encode_processes  # noqa: E402
-from predictor.errors import ApiError, bad_request, from_service_error  # noqa: E402
-from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable  # noqa: E402
-from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, simple_request, start_predictor, stop  # noqa: E402
+from clef_tools.sample_requests import make_requests
+from predictor.api_args import encode_processes, resolve_encode_processes
+from predictor.encode_pool import auto_encode_processes
+from predictor.errors import ApiError, bad_request, from_service_error
+from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable
+from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, simple_request, start_predictor, stop
 
 MAX_MODEL_LEN = 512
 PROCESSES = 2

@@ -17,7 +17,6 @@ pytestmark = pytest.mark.vllm
 def test_killing_the_engine_core_ends_the_process(
     tiny_release: Path, tmp_path: Path, predictor_env: None
 ) -> None:
-    pytest.importorskip("vllm")
     server = start_predictor(
         tmp_path,
         "--model-dir", str(tiny_release),

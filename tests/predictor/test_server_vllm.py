@@ -29,7 +29,6 @@ BF16_ATOL = 2e-2
 @pytest.fixture(scope="module")
 def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     """The shared vLLM server."""
-    pytest.importorskip("vllm")
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-vllm"),
         "--model-dir", str(tiny_release),

@@ -14,18 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("kserve")
-
-from clef_head.encoder import EncodedRequest  # noqa: E402
-from predictor.encode_pool import InProcessPreparer  # noqa: E402
-from predictor.engines.base import Engine, EngineDead  # noqa: E402
-from predictor.errors import from_service_error  # noqa: E402
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecycle, Phase  # noqa: E402
-from predictor.model import ClefModel, ServingOptions  # noqa: E402
-from predictor.service import ModelCard, SystemOneService  # noqa: E402
-from predictor.service_errors import ServiceError, Unavailable  # noqa: E402
-from predictor.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema  # noqa: E402
-from tests.predictor.conftest import MODEL_NAME, simple_request  # noqa: E402
+from clef_head.encoder import EncodedRequest
+from predictor.encode_pool import InProcessPreparer
+from predictor.engines.base import Engine, EngineDead
+from predictor.errors import from_service_error
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecycle, Phase
+from predictor.model import ClefModel, ServingOptions
+from predictor.service import ModelCard, SystemOneService
+from predictor.service_errors import ServiceError, Unavailable
+from predictor.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
+from tests.predictor.conftest import MODEL_NAME, simple_request
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
 

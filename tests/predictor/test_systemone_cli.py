@@ -92,7 +92,6 @@ def test_model_is_required() -> None:
 @pytest.fixture(scope="module")
 def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way."""
-    pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("clef-systemone")
     port = free_port()
     log_path, stdout_path = tmp / "server.log", tmp / "server.out"

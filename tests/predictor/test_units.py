@@ -10,14 +10,12 @@ from typing import Any, Sequence
 
 import pytest
 
-pytest.importorskip("kserve")
-
-from predictor.batching import MicroBatcher  # noqa: E402
-from predictor.engines import choose_engine  # noqa: E402
-from predictor.engines.pool import EnginePool  # noqa: E402
-from predictor.errors import ApiError, format_param  # noqa: E402
-from predictor.http_body import decode_body  # noqa: E402
-from predictor.warmup import WarmupStep, warmup_plan  # noqa: E402
+from predictor.batching import MicroBatcher
+from predictor.engines import choose_engine
+from predictor.engines.pool import EnginePool
+from predictor.errors import ApiError, format_param
+from predictor.http_body import decode_body
+from predictor.warmup import WarmupStep, warmup_plan
 
 
 def test_decode_body_gzip_zstd_and_limits() -> None:
@@ -139,7 +137,6 @@ def test_pool_picks_the_least_loaded_engine_round_robin_among_equals() -> None:
 
 def test_vllm_owns_its_engine_arguments() -> None:
     """vLLM's own flags reach the engine's arguments; the plugin's settings are laid over them."""
-    pytest.importorskip("vllm")
     import clef_plugin
     from predictor.cli import build_parser
     from predictor.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, vllm_engine_args
@@ -173,7 +170,6 @@ def test_vllm_owns_its_engine_arguments() -> None:
     ],
 )
 def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str], flag: str) -> None:
-    pytest.importorskip("vllm")
     from clef_plugin.api import PluginSettingConflict
     from predictor.cli import build_parser
     from predictor.engine_args import vllm_engine_args
@@ -185,7 +181,6 @@ def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str]
 
 
 def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
     from clef_plugin.api import PluginSettingConflict
     from predictor.cli import build_parser
     from predictor.engine_args import vllm_engine_args
