@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
 from typing import Any, Callable
 
+from clef_tools.local_server import free_port, listening, start_and_wait
 from predictor.bench import Results, http_load, run_load
 
 BODY = {"model": "clef-flash", "state": {"ticket": "x" * 1500}, "questions": {"q": {"type": "noul"}}}
@@ -86,27 +86,12 @@ async def httpx_load(url: str, clients: int, requests: int, warmup: int, body: C
 CLIENTS = {"aiohttp": http_load, "httpx": httpx_load}
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def started_server(rate: float) -> tuple[subprocess.Popen[bytes], str]:
     """The server in a child process (its own interpreter: the client's process measures only the client)."""
     port = free_port()
-    child = subprocess.Popen([sys.executable, "-m", "bench.load_client_ceiling", "--serve", str(port), "--rate", str(rate)])
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return child, f"http://127.0.0.1:{port}"
-        except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
-                child.kill()
-                raise RuntimeError("the test server did not start") from None
-            time.sleep(0.1)
+    child = start_and_wait([sys.executable, "-m", "bench.load_client_ceiling", "--serve", str(port), "--rate", str(rate)],
+                           lambda: listening(port), 30, interval=0.1, what="the test server")
+    return child, f"http://127.0.0.1:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:

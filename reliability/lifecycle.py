@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,8 @@ from typing import Any
 
 import httpx
 
+from clef_tools.local_server import NotReady, free_port, http_ok, wait_until_ready
 from reliability.common import MODEL_NAME, valid_request
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def engine_processes(pid: int, name: str) -> list[int]:
@@ -62,18 +55,11 @@ def engine_processes(pid: int, name: str) -> list[int]:
 
 async def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Wait for ``GET /health`` to say 200."""
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the predictor exited with {process.returncode} before it was ready")
-            try:
-                if (await http.get("/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.5)
-    raise SystemExit(f"the predictor was not ready within {timeout} s")
+    try:
+        await asyncio.to_thread(wait_until_ready, process, lambda: http_ok(f"{url}/health"), timeout, interval=0.5,
+                                what="the predictor")
+    except NotReady as exc:
+        raise SystemExit(str(exc)) from None
 
 
 async def run(event: str, predictor_args: list[str], clients: int, load_seconds: float, exit_timeout: float,

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -15,17 +12,12 @@ from typing import Iterator
 import httpx
 import pytest
 
+from clef_tools.local_server import NotReady, free_port, stop_process, wait_until_ready
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "clef-flash"
 STARTUP_TIMEOUT_S = 600.0
 PROBES = ("/health", "/v2/health/ready", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -67,38 +59,32 @@ def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) ->
     with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=full_env)
     server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"predictor exited with {process.returncode}:\n{server.log()[-5000:]}")
-            try:
-                statuses = {path: client.get(path).status_code for path in PROBES}
-                if not all(status == 200 for status in statuses.values()):
-                    statuses["POST /v1/systemone"] = client.post("/v1/systemone", json=simple_request()).status_code
-            except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            if 200 in statuses.values() and not server.log_at_first_ready:
-                server.log_at_first_ready = server.log()
-            server.rounds.append(statuses)
-            if all(status == 200 for status in statuses.values()):
-                return server
-            time.sleep(0.2)
-    stop(server)
-    raise RuntimeError(f"predictor not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-5000:]}")
+        try:
+            wait_until_ready(process, lambda: _probe_round(server, client), STARTUP_TIMEOUT_S, what="the predictor")
+        except NotReady as exc:
+            stop(server)
+            raise RuntimeError(f"{exc}:\n{server.log()[-5000:]}") from None
+    return server
+
+
+def _probe_round(server: Predictor, client: httpx.Client) -> bool:
+    """One round of probes (and a request while they do not all say 200), kept in ``server.rounds``."""
+    try:
+        statuses = {path: client.get(path).status_code for path in PROBES}
+        if not all(status == 200 for status in statuses.values()):
+            statuses["POST /v1/systemone"] = client.post("/v1/systemone", json=simple_request()).status_code
+    except httpx.TransportError:
+        return False
+    if 200 in statuses.values() and not server.log_at_first_ready:
+        server.log_at_first_ready = server.log()
+    server.rounds.append(statuses)
+    return all(status == 200 for status in statuses.values())
 
 
 def stop(server: Predictor, timeout: float = 60) -> int:
     """SIGTERM the server and wait for it to exit; return its exit code."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
-    return server.process.returncode
+    return stop_process(server.process, timeout)
 
 
 def simple_request(state: object = "I was charged twice for my subscription", model: str = MODEL_NAME) -> dict:

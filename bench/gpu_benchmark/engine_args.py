@@ -1,0 +1,53 @@
+"""vLLM keyword arguments of the cases: compilation modes, variants laid over them, stock vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.gpu_benchmark.names import MODES
+
+
+def mode_kwargs(mode: str, capture_sizes: list[int] | None) -> dict[str, Any]:
+    """vLLM keyword arguments for a compilation mode (see the module docstring)."""
+    if mode == "eager":
+        return {"enforce_eager": True}
+    if mode == "compile":
+        return {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}}
+    if mode == "graphs":  # without capture_sizes: the plugin's default, piecewise graphs at prefill sizes
+        from clef_plugin.api import graph_compilation_config
+
+        if capture_sizes is None:
+            return {"enforce_eager": False}
+        return {"enforce_eager": False, "compilation_config": graph_compilation_config(capture_sizes)}
+    raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def overlay_engine_args(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """vLLM keyword arguments ``base`` overridden by ``extra``; two ``compilation_config`` dicts merge key by key."""
+    merged = {**base, **extra}
+    if "compilation_config" in base and "compilation_config" in extra:
+        merged["compilation_config"] = {**base["compilation_config"], **extra["compilation_config"]}
+    return merged
+
+
+def merge_engine_args(mode: str, mode_args: dict[str, Any], extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """The mode's vLLM keyword arguments overridden by ``extra``; a ``compilation_config`` in ``extra``
+    is merged into the mode's (in graphs mode without one: the plugin's default prefill graphs)."""
+    from clef_plugin.api import graph_compilation_config, prefill_capture_sizes
+
+    if "compilation_config" in extra and mode == "graphs" and "compilation_config" not in mode_args:
+        mode_args = {**mode_args, "compilation_config": graph_compilation_config(prefill_capture_sizes(max_model_len))}
+    return overlay_engine_args(mode_args, extra)
+
+
+def stock_engine_kwargs(plugin_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's engine arguments for stock vLLM: the release's own architecture (no override), and
+    vLLM's sequence pooler (last token, ``embed``) instead of the head; every other setting unchanged."""
+    from vllm.config import PoolerConfig
+
+    stock = {key: value for key, value in plugin_kwargs.items() if key != "hf_overrides"}
+    stock["pooler_config"] = PoolerConfig(task=STOCK_TASK, seq_pooling_type="LAST")
+    return stock
+
+
+STOCK_TASK = "embed"

@@ -1,0 +1,110 @@
+"""The vLLM cases (plugin or stock): throughput passes, single-record latency, optional kernel profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_benchmark.engine_args import STOCK_TASK, merge_engine_args, mode_kwargs, stock_engine_kwargs
+from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, repeated_rates, timed_passes
+from bench.gpu_benchmark.traces import summarize_trace
+from bench.gpu_benchmark.workdir import load_encoded, save_logits
+
+
+PROFILE_RECORDS = 64
+
+
+def case_vllm(
+    args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str, stock: bool = False
+) -> dict[str, Any]:
+    """vLLM on the BF16 or FP8 release: ``--repeats`` throughput passes over all records, then
+    single-record latency. With the plugin (option logits) or ``stock`` (no plugin: last-token ``embed``)."""
+    import vllm
+
+    import clef_plugin
+
+    ids, layouts = load_encoded(work)
+    key = args.result_key or (f"vllm-stock-{precision}-{mode}" if stock else f"vllm-{precision}-{mode}")
+    extra = merge_engine_args(mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len)
+    if args.device.startswith("cuda"):
+        extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
+    trace_dir = work / "profiles" / key
+    if args.profile:
+        extra["profiler_config"] = {
+            "profiler": "torch", "torch_profiler_dir": str(trace_dir), "torch_profiler_with_stack": False,
+            "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
+        }
+    kwargs = clef_plugin.engine_kwargs(
+        releases[precision],
+        max_model_len=extra.pop("max_model_len", args.max_model_len),
+        gpu_memory_utilization=extra.pop("gpu_memory_utilization", args.gpu_memory_utilization),
+        max_num_batched_tokens=extra.pop("max_num_batched_tokens", args.max_num_batched_tokens),
+        max_num_seqs=extra.pop("max_num_seqs", args.max_num_seqs),
+        **extra,
+    )
+    if stock:
+        kwargs = stock_engine_kwargs(kwargs)
+    result: dict[str, Any] = {
+        "vllm": vllm.__version__,
+        "mode": mode,
+        "plugin": not stock,
+        "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
+    }
+    started = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    result["start_s"] = round(time.perf_counter() - started, 2)
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+    result["async_scheduling"] = scheduler.async_scheduling
+    result["architecture"] = llm.llm_engine.model_config.architectures[0]
+    prompts = [{"prompt_token_ids": item} for item in ids]
+    if stock:
+        params = [vllm.PoolingParams(task=STOCK_TASK) for _ in ids]
+        task = STOCK_TASK
+    else:
+        params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
+        task = clef_plugin.POOLING_TASK
+
+    def encode(indices: range | list[int]) -> list[Any]:
+        outputs = llm.encode(
+            [prompts[i] for i in indices], pooling_params=[params[i] for i in indices], pooling_task=task, use_tqdm=False,
+        )
+        if stock:
+            return [output.outputs.data.float().cpu() for output in outputs]
+        return [clef_plugin.option_logits(output) for output in outputs]
+
+    started = time.perf_counter()
+    encode(range(min(WARMUP_RECORDS, len(ids))))
+    result["warmup_s"] = round(time.perf_counter() - started, 2)
+    seconds, outputs = timed_passes(lambda: encode(range(len(ids))), args.repeats, "cpu")
+    result.update(repeated_rates(len(ids), sum(map(len, ids)), seconds))
+    result["memory"] = gpu_memory(args.device)
+    if stock:
+        result["output_shape"] = list(outputs[0].shape)
+    else:
+        save_logits(work, key, outputs)
+    latencies = []
+    for index in range(min(args.latency_records, len(ids))):
+        started = time.perf_counter()
+        encode([index])
+        latencies.append(1000 * (time.perf_counter() - started))
+    result["single_record_ms"] = percentiles(latencies)
+    result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
+    if args.profile:
+        result["profile"] = {}
+        for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):
+            since = time.time()
+            llm.start_profile()
+            started = time.perf_counter()
+            encode(indices)
+            wall = time.perf_counter() - started
+            llm.stop_profile()
+            summary = summarize_trace(trace_dir, since)
+            summary.update(records=len(indices), prompt_tokens=sum(len(ids[i]) for i in indices),
+                           wall_ms_profiled=round(1000 * wall, 2))
+            result["profile"][label] = summary
+    del llm
+    return result
