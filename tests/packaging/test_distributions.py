@@ -6,8 +6,8 @@ that sdist, as ``python -m build`` does), installed into a fresh virtual environ
 directory outside the repository:
 
 - clef-serving: dependencies come from the test environment (its site-packages is added as a plain path, so the
-  editable installs' import hooks are not), and ``python -m predictor`` answers a System One request on the demo
-  release.
+  editable installs' import hooks are not); the wheel's install answers a System One request on the demo release
+  (``python -m predictor``), and the sdist's install holds exactly the wheel's modules.
 - clef-serving-operator: its dependencies are resolved for real into the fresh environment, which proves the
   distribution pulls in nothing of the model stack; torch is neither installed nor imported.
 """
@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
 import tarfile
-import time
 import venv
 import zipfile
 from pathlib import Path
@@ -30,6 +28,8 @@ from typing import Iterator
 
 import httpx
 import pytest
+
+from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = {"clef-serving": REPO, "clef-serving-operator": REPO / "operator"}
@@ -110,12 +110,6 @@ def _install(python: Path, artifact: Path, *, with_dependencies: bool) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def elsewhere(tmp_path: Path) -> Iterator[Path]:
     """A working directory outside the repository."""
@@ -130,11 +124,21 @@ def _clean_env(home: Path) -> dict[str, str]:
     return {**env, "XDG_CACHE_HOME": str(home / "cache"), "VLLM_CACHE_ROOT": str(home / "vllm-cache")}
 
 
+def _installed_modules(python: Path, distribution: str) -> set[str]:
+    """The Python modules an installed distribution put into site-packages (from its RECORD)."""
+    purelib = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    (record,) = purelib.glob(f"{distribution.replace('-', '_')}-*.dist-info/RECORD")
+    return {line.split(",")[0] for line in record.read_text().splitlines() if line.split(",")[0].endswith(".py")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_installed_predictor_answers_a_request(
     built: dict[str, dict[str, Path]], tmp_path: Path, elsewhere: Path, kind: str
 ) -> None:
+    """Each artifact installs outside the source tree; the wheel's install serves a request. The sdist installs by
+    building a wheel from itself, as the served wheel was built: it must install exactly the wheel's modules."""
     python = _fresh_venv(tmp_path / "venv", reuse_site_packages=True)
     _install(python, built["clef-serving"][kind], with_dependencies=False)
     env = _clean_env(tmp_path)
@@ -147,33 +151,31 @@ def test_installed_predictor_answers_a_request(
     module_file, path = json.loads(where.stdout)
     assert Path(module_file).is_relative_to(tmp_path / "venv"), module_file
     assert not any(entry and Path(entry).resolve() in (REPO, REPO / "operator") for entry in path), path
+    with zipfile.ZipFile(built["clef-serving"]["wheel"]) as wheel:
+        in_wheel = {entry for entry in wheel.namelist() if entry.endswith(".py")}
+    assert _installed_modules(python, "clef-serving") == in_wheel
+    if kind == "sdist":
+        return
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "predictor.log"
+    body = json.loads((REPO / "scripts" / "demo_request.json").read_text())
     with log.open("wb") as log_file:
-        server = subprocess.Popen(
-            [python, "-m", "predictor", "--engine", "transformers", "--http_port", str(port), "--enable_grpc", "false"],
-            cwd=elsewhere, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )
+        try:
+            server = start_and_wait(
+                [python, "-m", "predictor", "--engine", "transformers", "--http_port", str(port), "--enable_grpc", "false"],
+                lambda: http_ok(f"http://127.0.0.1:{port}/v1/models/clef-flash"), STARTUP_TIMEOUT_S, interval=0.5,
+                what="the installed predictor", cwd=elsewhere, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            )
+        except NotReady as exc:
+            pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-5000:]}")
     try:
-        body = json.loads((REPO / "scripts" / "demo_request.json").read_text())
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            while True:
-                assert server.poll() is None, log.read_text(errors="replace")[-5000:]
-                assert time.monotonic() < deadline, "the installed predictor did not become ready"
-                try:
-                    if client.get("/v1/models/clef-flash").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
             answer = client.post("/v1/systemone", json=body)
         assert answer.status_code == 200, answer.text
         assert set(answer.json()["answers"]) == set(body["questions"])
     finally:
-        server.terminate()
-        server.wait(timeout=120)
+        stop_process(server, timeout=120)
 
 
 @pytest.mark.slow

@@ -1,35 +1,66 @@
-"""The GPU benchmark's CPU smoke mode, so the script cannot rot between GPU runs."""
+"""The GPU benchmark's CPU smoke mode, so the script cannot rot between GPU runs (its parts: test_gpu_benchmark_units.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# CPU vLLM engines and a predictor: minutes. The first test's timeout covers the shared run.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
+# Every case of the smoke tests in one invocation: the tiny releases and records are built once, and each test reads
+# its part of the one summary. vllm-fp8-eager+seqs2 is vllm-fp8-eager again with max_num_seqs=2.
+SMOKE_CASES = ("prepare,transformers,head,vllm-stock-bf16-eager,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2,"
+               "http")
+SMOKE_FLAGS = ("--variant", 'seqs2={"max_num_seqs": 2}', "--http-mode", "eager", "--http-clients", "1,2",
+               "--http-requests", "8", "--http-single-requests", "4", "--http-repeat-fractions", "0,0.5",
+               "--http-repeat-clients", "2")
 
 
-def _smoke(work: Path, cases: str, *extra: str, repeats: int = 2) -> dict:
+@dataclass(frozen=True)
+class Smoke:
+    """One CPU smoke run of the benchmark: its folder, summary and process."""
+
+    work: Path
+    summary: dict[str, Any]
+    done: subprocess.CompletedProcess[str]
+
+    def case(self, key: str) -> dict[str, Any]:
+        """One case's result; a case that failed or was skipped fails the test with its reason."""
+        result = self.summary["cases"][key]
+        assert "error" not in result and "skipped" not in result, (result, self.done.stdout[-3000:])
+        return result
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
+    """``python -m bench.gpu_benchmark --device cpu`` over every smoke case, once for this module."""
+    work = tmp_path_factory.mktemp("gpu-benchmark-smoke")
     command = [
         sys.executable, "-m", "bench.gpu_benchmark", "--device", "cpu", "--scale", "tiny", "--records", "8",
-        "--tokens", "192", "--latency-records", "2", "--repeats", str(repeats), "--work", str(work), "--out", str(work),
-        "--cases", cases, "--time-budget", "1200",
-        *extra,
+        "--tokens", "192", "--latency-records", "2", "--repeats", "2", "--work", str(work), "--out", str(work),
+        "--cases", SMOKE_CASES, "--time-budget", "2400", *SMOKE_FLAGS,
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    summary = json.loads((work / "gpu_benchmark.json").read_text())
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], summary)
-    return summary
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=2700)
+    assert (work / "gpu_benchmark.json").is_file(), (done.stdout[-3000:], done.stderr[-3000:])
+    return Smoke(work=work, summary=json.loads((work / "gpu_benchmark.json").read_text()), done=done)
 
 
-def test_smoke_without_vllm(tmp_path: Path) -> None:
-    summary = _smoke(tmp_path, "prepare,transformers,head")
-    records = summary["prepare"]["records"]
+def test_smoke_run_succeeds(smoke: Smoke) -> None:
+    assert smoke.done.returncode == 0, (smoke.done.stdout[-3000:], smoke.done.stderr[-3000:], smoke.summary)
+    assert set(smoke.summary["cases"]) == set(SMOKE_CASES.split(",")) - {"prepare"}
+
+
+def test_smoke_transformers_and_head(smoke: Smoke) -> None:
+    records = smoke.summary["prepare"]["records"]
     assert records["count"] == 8 and records["mean_questions"] >= 1
-    transformers = summary["cases"]["transformers"]
+    transformers = smoke.case("transformers")
     assert transformers["records"] == 8 and transformers["prompt_tokens_per_s"] > 0
     # Steady state (the headline: median of the repeats) beside the first pass and the backbone alone.
     spread = transformers["prompt_tokens_per_s_spread"]
@@ -38,37 +69,29 @@ def test_smoke_without_vllm(tmp_path: Path) -> None:
     for label in ("first_pass", "steady"):
         assert 0 < transformers["split"][label]["head_share"] < 1
     assert transformers["split"]["head_share"] == transformers["split"]["steady"]["head_share"]
-    head = summary["cases"]["head"]
+    head = smoke.case("head")
     assert head["batch_16_ms_per_record"] > 0
     one = head["one_record"]  # no CUDA here: the dynamic forward and the eager static pass only
     assert one["dynamic_ms_per_record"]["median"] > 0 and one["static_eager_ms_per_record"]["median"] > 0
     # A BF16 head: the static pass sums in another order than the dynamic one, so they may differ by a few BF16
     # steps (2**-7 at |logit| in [1, 2)); tests/head/test_head_graphs.py checks the two agree closely in FP32.
     assert "graphs_ms_per_record" not in one and one["static_max_abs_diff_vs_dynamic"] <= 4 * 2**-7
-    assert (tmp_path / "logits-transformers.pt").is_file()
+    assert (smoke.work / "logits-transformers.pt").is_file()
 
 
-@pytest.mark.vllm
-def test_smoke_stock_vllm_case_runs_without_the_plugin(tmp_path: Path) -> None:
+def test_smoke_stock_vllm_case_runs_without_the_plugin(smoke: Smoke) -> None:
     """The upper bound: the same release and engine settings, no plugin, last-token ``embed``."""
-    pytest.importorskip("vllm")
-    summary = _smoke(tmp_path, "prepare,vllm-stock-bf16-eager")
-    stock = summary["cases"]["vllm-stock-bf16-eager"]
+    stock = smoke.case("vllm-stock-bf16-eager")
     assert stock["plugin"] is False and stock["architecture"] == "Qwen3_5ForConditionalGeneration"
     assert stock["records"] == 8 and stock["repeats"] == 2 and stock["single_record_ms"]["count"] == 2
     assert stock["output_shape"] == [128]  # one hidden-size vector per record (the tiny release's hidden size)
-    assert not (tmp_path / "logits-vllm-stock-bf16-eager.pt").is_file()
+    assert not (smoke.work / "logits-vllm-stock-bf16-eager.pt").is_file()
 
 
-@pytest.mark.vllm
-def test_smoke_http_case_with_repeated_requests(tmp_path: Path) -> None:
+def test_smoke_http_case_with_repeated_requests(smoke: Smoke) -> None:
     """The http case end to end on CPU vLLM: the predictor started as on the GPU, its loads through the load
     tool's client, and the repeated-request loads with the answer cache's counts."""
-    pytest.importorskip("vllm")
-    pytest.importorskip("kserve")
-    summary = _smoke(tmp_path, "prepare,http", "--http-mode", "eager", "--http-clients", "1,2", "--http-requests", "8",
-                     "--http-single-requests", "4", "--http-repeat-fractions", "0,0.5", "--http-repeat-clients", "2")
-    http = summary["cases"]["http"]
+    http = smoke.case("http")
     assert http["ready_s"] > 0 and http["mode"] == "eager"
     assert [(load["clients"], load["requests"], load["errors"]) for load in http["loads"]] == [(1, 4, 0), (2, 8, 0)]
     assert all(load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"] for load in http["loads"])
@@ -80,184 +103,17 @@ def test_smoke_http_case_with_repeated_requests(tmp_path: Path) -> None:
     assert repeated["answer_cache"].get("hit", 0) + repeated["answer_cache"].get("merged", 0) > 0
 
 
-@pytest.mark.vllm
-def test_smoke_with_vllm_reports_fp8_agreement(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
-    summary = _smoke(  # one pass per engine: three CPU engines must fit the test timeout on a 2-core machine
-        tmp_path, "prepare,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2", "--variant", 'seqs2={"max_num_seqs": 2}',
-        repeats=1,
-    )
+def test_smoke_with_vllm_reports_fp8_agreement(smoke: Smoke) -> None:
     for case in ("vllm-bf16-eager", "vllm-fp8-eager", "vllm-fp8-eager+seqs2"):
-        result = summary["cases"][case]
+        result = smoke.case(case)
         assert result["records"] == 8 and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
-        assert result["mode"] == "eager" and result["plugin"] is True and result["repeats"] == 1
-    assert summary["cases"]["vllm-fp8-eager+seqs2"]["max_num_seqs"] == 2
-    assert summary["cases"]["vllm-fp8-eager"]["max_num_seqs"] != 2
-    assert (tmp_path / "results" / "vllm-fp8-eager+seqs2.json").is_file()
-    assert (tmp_path / "logits-vllm-fp8-eager+seqs2.pt").is_file()
-    agreement = summary["agreement"]["vllm-bf16-eager vs vllm-fp8-eager"]
+        assert result["mode"] == "eager" and result["plugin"] is True and result["repeats"] == 2
+    assert smoke.case("vllm-fp8-eager+seqs2")["max_num_seqs"] == 2
+    assert smoke.case("vllm-fp8-eager")["max_num_seqs"] != 2
+    assert (smoke.work / "results" / "vllm-fp8-eager+seqs2.json").is_file()
+    assert (smoke.work / "logits-vllm-fp8-eager+seqs2.pt").is_file()
+    agreement = smoke.summary["agreement"]["vllm-bf16-eager vs vllm-fp8-eager"]
     assert agreement["questions"] >= 8 and 0 <= agreement["mean_kl"] < 1e-2
-    same_weights = summary["agreement"]["vllm-fp8-eager vs vllm-fp8-eager+seqs2"]
+    same_weights = smoke.summary["agreement"]["vllm-fp8-eager vs vllm-fp8-eager+seqs2"]
     assert same_weights["questions"] >= 8 and same_weights["mean_kl"] < 1e-3
-
-
-def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
-    from bench.gpu_benchmark import agreement_pairs, base_case, variant_name
-
-    assert [base_case(key) for key in ("http-again", "vllm-fp8-graphs+async", "vllm-fp8-graphs+async-again",
-                                       "vllm-stock-fp8-graphs", "http-dp2")] == [
-        "http", "vllm-fp8-graphs", "vllm-fp8-graphs", "vllm-stock-fp8-graphs", "http-dp2",
-    ]
-    assert [variant_name(key) for key in ("vllm-fp8-graphs", "vllm-fp8-graphs+async-again")] == [None, "async"]
-    pairs = agreement_pairs(["vllm-fp8-graphs", "vllm-fp8-graphs+async", "vllm-bf16-graphs+t32k"])
-    assert pairs == [("vllm-fp8-graphs", "vllm-fp8-graphs+async")]
-    assert agreement_pairs(["transformers", "vllm-stock-fp8-graphs", "vllm-fp8-graphs"]) == [
-        ("transformers", "vllm-fp8-graphs")
-    ]
-    assert agreement_pairs(["vllm-bf16-eager", "vllm-fp8-eager", "vllm-nvfp4-eager", "vllm-nvfp4-graphs"]) == [
-        ("vllm-bf16-eager", "vllm-fp8-eager"), ("vllm-bf16-eager", "vllm-nvfp4-eager"),
-        ("vllm-fp8-eager", "vllm-nvfp4-eager"), ("vllm-nvfp4-eager", "vllm-nvfp4-graphs"),
-    ]
-
-
-def test_stock_engine_arguments_differ_from_the_plugins_only_in_model_class_and_pooler() -> None:
-    pytest.importorskip("vllm")
-    import clef_plugin
-    from bench.gpu_benchmark import STOCK_TASK, stock_engine_kwargs
-
-    plugin = clef_plugin.engine_kwargs("/release", max_model_len=1024, max_num_batched_tokens=4096)
-    stock = stock_engine_kwargs(plugin)
-    assert "hf_overrides" not in stock and stock["pooler_config"].task == STOCK_TASK
-    assert stock["pooler_config"].seq_pooling_type == "LAST"
-    same = {key: value for key, value in plugin.items() if key not in ("hf_overrides", "pooler_config")}
-    assert {key: value for key, value in stock.items() if key != "pooler_config"} == same
-
-
-def test_repeated_rates_report_the_median_pass_and_the_spread() -> None:
-    from bench.gpu_benchmark import percentiles, repeated_rates
-
-    rates = repeated_rates(10, 1000, [2.0, 1.0, 4.0])
-    assert rates["seconds"] == 2.0 and rates["prompt_tokens_per_s"] == 500.0 and rates["repeats"] == 3
-    assert rates["prompt_tokens_per_s_spread"] == {"median": 500.0, "min": 250.0, "max": 1000.0,
-                                                   "runs": [500.0, 1000.0, 250.0]}
-    assert percentiles([5.0, 1.0, 3.0]) == {"p50": 3.0, "p95": 5.0, "min": 1.0, "max": 5.0, "count": 3}
-
-
-def test_variant_compilation_config_is_merged_into_the_mode() -> None:
-    pytest.importorskip("vllm")
-    from bench.gpu_benchmark import merge_engine_args, mode_kwargs
-    from clef_plugin.api import prefill_capture_sizes
-
-    merged = merge_engine_args("graphs", mode_kwargs("graphs", None), {"compilation_config": {"mode": 3}}, 1024)
-    assert merged["compilation_config"]["cudagraph_capture_sizes"] == prefill_capture_sizes(1024)
-    assert merged["compilation_config"]["mode"] == 3
-    compiled = merge_engine_args("compile", mode_kwargs("compile", None), {"async_scheduling": True}, 1024)
-    assert compiled == {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}, "async_scheduling": True}
-
-
-@pytest.mark.parametrize("flags", [["--cases", "prepare,vllm-fp8-eager+nope"], ["--variant", "Bad Name={}"],
-                                   ["--cases", "prepare,http+x", "--variant", "x={}"], ["--variant", "x=[1]"],
-                                   ["--cases", "prepare,http+y", "--http-args", "x=--encode-processes 2"],
-                                   ["--cases", "prepare,vllm-fp8-eager+x", "--http-args", "x=--encode-processes 2"],
-                                   ["--http-args", "x="], ["--http-args", "x='unclosed"]])
-def test_bad_cases_and_variants_are_refused(flags: list[str], tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_benchmark", "--work", str(tmp_path), *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "error:" in done.stderr, done.stderr
-
-
-def test_kernel_kinds_and_trace_summary(tmp_path: Path) -> None:
-    from bench.gpu_benchmark import kernel_kind, summarize_trace
-
-    assert kernel_kind("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "gdn"
-    assert kernel_kind("_causal_conv1d_fwd_kernel") == "conv1d"
-    assert kernel_kind("void cutlass::device_kernel<cutlass_3x_gemm_sm90_fp8>") == "gemm"
-    assert kernel_kind("flash_fwd_splitkv_kernel") == "attention"
-    assert kernel_kind("_per_token_group_quant_fp8") == "fp8 quant"
-    assert kernel_kind("something_new") == "other"
-    events = [
-        {"cat": "kernel", "name": "void cutlass::device_kernel<gemm>", "ts": 0, "dur": 600},
-        {"cat": "kernel", "name": "chunk_fwd_kernel_o", "ts": 700, "dur": 300},
-        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},
-    ]
-    (tmp_path / "trace.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
-    summary = summarize_trace(tmp_path, since=0)
-    assert summary["kernels"] == 2 and summary["gpu_busy_ms"] == 0.9 and summary["kernel_span_ms"] == 1.0
-    assert summary["by_kind_ms"] == {"gemm": 0.6, "gdn": 0.3}
-    assert summary["top_kernels_ms"][0]["kind"] == "gemm"
-
-
-def test_http_cases_start_the_predictor_with_the_benchmark_settings() -> None:
-    from bench.gpu_benchmark import build_parser, predictor_command
-
-    args = build_parser().parse_args(["--max-num-batched-tokens", "32768", "--http-mode", "eager"])
-    one = predictor_command(args, "/fp8", 8123, data_parallel=1)
-    assert one[1:3] == ["-m", "predictor"] and "--dp" not in one and "--enforce-eager" in one
-    assert one[one.index("--max-num-batched-tokens") + 1] == "32768" and one[one.index("--http_port") + 1] == "8123"
-    two = predictor_command(args, "/fp8", 8123, data_parallel=2)
-    assert two[two.index("--dp") + 1] == "2"
-
-
-def test_http_variants_pass_their_predictor_arguments_to_the_predictor() -> None:
-    from bench.gpu_benchmark import _child_command, build_parser, http_variants, predictor_command
-
-    args = build_parser().parse_args([])
-    args.variants = {}
-    args.http_variants = http_variants(["enc4=--encode-processes 4", "quoted=--description 'two words'"])
-    assert args.http_variants == {"enc4": ["--encode-processes", "4"], "quoted": ["--description", "two words"]}
-    commands = {}
-    for key in ("http", "http-dp2+enc4", "http+quoted-again"):
-        child = build_parser().parse_args(_child_command(args, key)[3:])  # what the case's own process parses
-        assert child.result_key == key and child.run_case == key.split("+")[0]
-        commands[key] = predictor_command(child, "/fp8", 8123, data_parallel=2 if "dp2" in key else 1)
-    assert "--encode-processes" not in commands["http"]
-    assert commands["http-dp2+enc4"][-2:] == ["--encode-processes", "4"] and "--dp" in commands["http-dp2+enc4"]
-    assert commands["http+quoted-again"][-2:] == ["--description", "two words"]
-    assert commands["http-dp2+enc4"][:-2] == predictor_command(build_parser().parse_args([]), "/fp8", 8123, 2)
-
-
-def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: Path) -> None:
-    """A timed-out case must not leave an engine process holding a GPU for the next case."""
-    import os
-    import time
-
-    from bench.gpu_benchmark import run_process_group
-
-    pid_file = tmp_path / "grandchild.pid"
-    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
-    with (tmp_path / "log").open("w") as log:
-        with pytest.raises(subprocess.TimeoutExpired):
-            run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
-    grandchild = int(pid_file.read_text())
-    for _ in range(100):
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"process {grandchild} outlived its case")
-
-
-def test_http_loads_never_send_the_same_body_twice() -> None:
-    from bench.gpu_benchmark import UniqueBodies
-
-    records = [{"model": "clef-flash", "state": f"record {i}", "questions": {}} for i in range(3)]
-    bodies = UniqueBodies(records)
-    sent = [bodies(index) for index in [0, 1, 0, 1, 2, 3, 4, 0]]  # loads and warm-ups repeat their indices
-    assert sent[:3] == records
-    assert len({json.dumps(body, sort_keys=True) for body in sent}) == len(sent)
-    assert sent[3]["state"] == "#1 record 0" and sent[6]["state"] == "#2 record 0"
-
-
-def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
-    """Two invocations (one per GPU) share --work: a reader must never see a half-written releases.json."""
-    from bench.gpu_benchmark import _write_json
-
-    target = tmp_path / "releases.json"
-    target.write_text('{"bf16": "old"}\n')
-    before = target.stat().st_ino
-    _write_json(target, {"bf16": "/tmp/new", "fp8": "/tmp/fp8"})
-    assert json.loads(target.read_text()) == {"bf16": "/tmp/new", "fp8": "/tmp/fp8"}
-    assert target.stat().st_ino != before, "written in place, not renamed over"
-    assert [path.name for path in tmp_path.iterdir()] == ["releases.json"]
+    assert "transformers vs vllm-bf16-eager" in smoke.summary["agreement"]
