@@ -18,7 +18,7 @@ PREDICTOR_HOME = "/home/clef"
 
 # The compile cache: vLLM's torch.compile artifacts, Inductor's cache, Triton's kernels and Triton's autotuning
 # results on a volume, so a restarted predictor loads them instead of compiling and benchmarking kernels again
-# (on an H200: ready after ~55-60 s with a warm cache instead of ~205 s; BENCHMARKS.md).
+# (the measured warm and cold ready times: BENCHMARKS.md, the verdict table's start-time row).
 COMPILE_CACHE_VOLUME = "compile-cache"
 COMPILE_CACHE_DIR = "/var/cache/clef"
 COMPILE_CACHE_ENV: dict[str, str] = {
