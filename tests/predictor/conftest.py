@@ -1,4 +1,4 @@
-"""Real predictor processes on 127.0.0.1 (random free ports), shared per test module."""
+"""Real predictor processes on 127.0.0.1 (random free ports), shared per test module (the vLLM one per session)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,18 @@ class Predictor:
 
 
 def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Predictor:
-    """Start a predictor; return once it is ready, recording probe answers seen during warm-up."""
+    """Start ``python -m predictor``; return once it is ready, recording probe answers seen during warm-up."""
     port = free_port()
-    log_path, stdout_path = tmp / "server.log", tmp / "server.out"
     command = [
         sys.executable, "-m", "predictor",
         "--http_port", str(port), "--enable_grpc", "false", "--model-name", MODEL_NAME, *args,
     ]
+    return start_server(tmp, command, port, env)
+
+
+def start_server(tmp: Path, command: list[str], port: int, env: dict[str, str] | None = None) -> Predictor:
+    """Start a predictor ``command`` listening on ``port``; return once it is ready (as :func:`start_predictor`)."""
+    log_path, stdout_path = tmp / "server.log", tmp / "server.out"
     full_env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), **(env or {})}
     with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=full_env)
@@ -154,6 +159,21 @@ def predictor_env() -> Iterator[None]:
     import typesafe_sdk  # noqa: F401
 
     yield
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens, eager), started the FP8 model card's way
+    (``clef-systemone``): test_server_vllm.py and test_systemone_cli.py share it, one engine start for both."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "predictor.systemone_cli",
+        "--model", str(tiny_release), "--port", str(port), "--served-model-name", MODEL_NAME,
+        "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
+    ]
+    running = start_server(tmp_path_factory.mktemp("predictor-vllm"), command, port, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    yield running
+    assert stop(running) == 0, running.log()[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,8 @@
-"""One real predictor on the CPU build of vLLM (tiny random release) shared by every test here."""
+"""One real predictor on the CPU build of vLLM (tiny random release) shared by every test here and the card's."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -16,8 +14,6 @@ from tests.predictor.conftest import (
     assert_concurrent_answers_match_single,
     assert_same_answer,
     simple_request,
-    start_predictor,
-    stop,
 )
 
 pytestmark = pytest.mark.vllm
@@ -27,17 +23,9 @@ BF16_ATOL = 2e-2
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
-    """The shared vLLM server."""
-    running = start_predictor(
-        tmp_path_factory.mktemp("predictor-vllm"),
-        "--model-dir", str(tiny_release),
-        "--engine", "vllm",
-        "--max-model-len", "512",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
-    yield running
-    assert stop(running) == 0, running.log()[-3000:]
+def server(vllm_server: Predictor) -> Predictor:
+    """The shared vLLM server (tests/predictor/conftest.py: the model card's command, shared with its tests)."""
+    return vllm_server
 
 
 def test_ready_only_after_warm_up(server: Predictor, client: httpx.Client) -> None:

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 import tomllib
-from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
 from predictor import cli
 from predictor.systemone_cli import build_parser, card_model_list, predictor_argv
-from tests.predictor.conftest import REPO, STARTUP_TIMEOUT_S, Predictor, free_port, stop
+from tests.predictor.conftest import REPO, Predictor
 
 # The card's curl example, sent as curl sends it: the JSON text with a JSON content type.
 CARD_CURL_BODY = """{
@@ -90,40 +86,9 @@ def test_model_is_required() -> None:
 
 
 @pytest.fixture(scope="module")
-def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
-    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way."""
-    tmp = tmp_path_factory.mktemp("clef-systemone")
-    port = free_port()
-    log_path, stdout_path = tmp / "server.log", tmp / "server.out"
-    command = [
-        sys.executable, "-m", "predictor.systemone_cli",
-        "--model", str(tiny_release), "--port", str(port), "--served-model-name", "clef-flash",
-        "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
-    with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=env)
-    server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"clef-systemone exited with {process.returncode}:\n{server.log()[-5000:]}")
-            try:
-                status = client.get("/health").status_code
-            except httpx.TransportError:
-                time.sleep(0.5)
-                continue
-            server.rounds.append({"/health": status})
-            if status == 200:
-                server.log_at_first_ready = server.log()
-                break
-            time.sleep(0.5)
-        else:
-            stop(server)
-            raise RuntimeError(f"clef-systemone not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-5000:]}")
-    yield server
-    assert stop(server) == 0, server.log()[-3000:]
+def card_server(vllm_server: Predictor) -> Predictor:
+    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way (shared: tests/predictor/conftest.py)."""
+    return vllm_server
 
 
 @pytest.mark.vllm
