@@ -20,7 +20,8 @@ def test_a_server_is_returned_once_ready_and_stopped() -> None:
     port = free_port()
     assert not listening(port) and not http_ok(f"http://127.0.0.1:{port}/")
     started = time.monotonic()
-    server = start_and_wait([sys.executable, "-c", SERVE, str(port), "0.5"], lambda: http_ok(f"http://127.0.0.1:{port}/"),
+    url = f"http://127.0.0.1:{port}/"
+    server = start_and_wait([sys.executable, "-c", SERVE, str(port), "0.5"], lambda: http_ok(url),
                             timeout=60, interval=0.1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert time.monotonic() - started >= 0.5 and listening(port) and server.poll() is None
     assert stop_process(server) == -15 and not listening(port)

@@ -55,5 +55,6 @@ def load_kserve_crds() -> dict[str, dict[str, Any]]:
     for path in sorted(KSERVE_CRDS.glob("*.yaml")):
         for crd in load_yaml_objects(path):
             crds[crd["spec"]["names"]["kind"]] = crd
-    assert set(crds) == {"InferenceService", "ServingRuntime", "ClusterServingRuntime"}, f"{KSERVE_CRDS}: {sorted(crds)}"
+    expected = {"InferenceService", "ServingRuntime", "ClusterServingRuntime"}
+    assert set(crds) == expected, f"{KSERVE_CRDS}: {sorted(crds)}"
     return crds

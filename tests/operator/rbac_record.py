@@ -20,7 +20,9 @@ _observed: list[dict[str, set[tuple[str, str, str]]]] = []
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Generator[None, Any, Any]:
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
     value = yield
     if fixturedef.argname == "observed_rbac":
         _observed.append(value)

@@ -163,7 +163,8 @@ def test_installed_predictor_answers_a_request(
     with log.open("wb") as log_file:
         try:
             server = start_and_wait(
-                [python, "-m", "predictor", "--engine", "transformers", "--http_port", str(port), "--enable_grpc", "false"],
+                [python, "-m", "predictor", "--engine", "transformers", "--http_port", str(port),
+                 "--enable_grpc", "false"],
                 lambda: http_ok(f"http://127.0.0.1:{port}/v1/models/clef-flash"), STARTUP_TIMEOUT_S, interval=0.5,
                 what="the installed predictor", cwd=elsewhere, env=env, stdout=log_file, stderr=subprocess.STDOUT,
             )

@@ -162,7 +162,9 @@ def predictor_env() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def vllm_server(
+    tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+) -> Iterator[Predictor]:
     """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens, eager), started the FP8 model card's way
     (``clef-systemone``): test_server_vllm.py and test_systemone_cli.py share it, one engine start for both."""
     port = free_port()
@@ -171,7 +173,8 @@ def vllm_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, pr
         "--model", str(tiny_release), "--port", str(port), "--served-model-name", MODEL_NAME,
         "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
     ]
-    running = start_server(tmp_path_factory.mktemp("predictor-vllm"), command, port, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    tmp = tmp_path_factory.mktemp("predictor-vllm")
+    running = start_server(tmp, command, port, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     yield running
     assert stop(running) == 0, running.log()[-3000:]
 

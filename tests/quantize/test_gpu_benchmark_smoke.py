@@ -1,4 +1,4 @@
-"""The GPU benchmark's CPU smoke mode, so the script cannot rot between GPU runs (its parts: test_gpu_benchmark_units.py)."""
+"""The GPU benchmark's CPU smoke mode, so the script cannot rot between GPU runs (its parts: ..._units.py)."""
 
 from __future__ import annotations
 
