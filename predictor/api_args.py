@@ -154,6 +154,7 @@ def http_limits(args: argparse.Namespace) -> HttpLimits:
         max_header_bytes=args.max_header_bytes,
         header_timeout=args.header_timeout,
         max_connections=args.max_connections,
+        drain_s=args.drain_timeout,
     )
 
 
@@ -175,7 +176,9 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> Non
     keys = ApiKeys(args.api_key_file, os.environ.get(API_KEYS_ENV))
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
-    app.add_middleware(GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay)
+    app.add_middleware(
+        GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay, drain_s=args.drain_timeout
+    )
     app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(ServiceError, service_error_handler)

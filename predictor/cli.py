@@ -27,7 +27,7 @@ from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
 from predictor.health import NotReadyTracebackFilter
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
 from predictor.observe import configure_json_logs
@@ -80,10 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
-    group.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish in-flight requests on SIGTERM")
+    group.add_argument(
+        "--drain-timeout", type=int, default=20,
+        help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
+    )
     group.add_argument(
         "--shutdown-delay", type=float, default=5.0,
-        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining",
+        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
+        "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )
     group.add_argument(
         "--max-queued-requests", type=int, default=None,
@@ -125,6 +129,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--answer-cache-bytes must be 0 (off) or more")
     if args.shutdown_delay < 0:
         parser.error("--shutdown-delay must be 0 or more")
+    if args.drain_timeout < 1:
+        parser.error("--drain-timeout must be at least 1")
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes must be at least 1024")
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -225,3 +231,4 @@ def main(argv: list[str] | None = None) -> None:
     )
     register_aliases(server, model, args)
     server.start([model])
+    exit_after_shutdown()

@@ -30,6 +30,13 @@ class HttpLimits:
     max_header_bytes: int = 64 * 1024
     header_timeout: float = 30.0
     max_connections: int = 1024
+    #: Seconds requests in flight have after SIGTERM's delay (the shutdown middleware answers 503 then).
+    drain_s: float = 20.0
+
+
+#: uvicorn cancels requests still running this long after the drain (a cancelled request is a 500): it never
+#: comes to that, the shutdown middleware (``predictor.lifecycle.GracefulShutdown``) answers them 503 first.
+UVICORN_GRACE_AFTER_DRAIN_S = 3.0
 
 
 class HeaderDeadlineProtocol(H11Protocol):
@@ -93,3 +100,4 @@ class ClefModelServer(kserve.ModelServer):
         config.http = protocol_with_deadline(self.limits.header_timeout)
         config.h11_max_incomplete_event_size = self.limits.max_header_bytes
         config.limit_concurrency = self.limits.max_connections
+        config.timeout_graceful_shutdown = int(self.limits.drain_s + UVICORN_GRACE_AFTER_DRAIN_S)
