@@ -2,7 +2,7 @@
 
 With no ``--model-dir`` it serves the embedded tiny demo release (RANDOM weights, said loudly).
 vLLM's engine arguments (``--tensor-parallel-size`` ...) and KServe's own flags (``--http_port``,
-``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
+``--grpc_port``, ``--enable_grpc`` ...) are accepted as well; gRPC is off unless ``--enable_grpc true``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.api_args import (
     add_api_args,
+    api_keys,
     check_api_args,
+    grpc_settings,
     http_limits,
     install_api,
     register_aliases,
@@ -109,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
     add_api_args(parser)
-    parser.set_defaults(model_name="clef-flash")
+    # gRPC only when asked for (KServe's default is on, listening on every interface).
+    parser.set_defaults(model_name="clef-flash", enable_grpc=False)
     return parser
 
 
@@ -211,15 +214,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
-    install_api(app, model, args)
+    keys = api_keys(args)
+    install_api(app, model, args, keys)
     server = ClefModelServer(
         http_limits(args),
+        grpc_settings(args, keys),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=1,
         max_threads=args.max_threads,
         max_asyncio_workers=args.max_asyncio_workers,
-        enable_grpc=args.enable_grpc,
         enable_docs_url=args.enable_docs_url,
         enable_latency_logging=args.enable_latency_logging,
         access_log_format=args.access_log_format,

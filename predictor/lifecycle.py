@@ -1,6 +1,7 @@
 """The model's one lifecycle state, and what moves it: warm-up, engine death, SIGTERM.
 
-``loading`` → ``warming_up`` → ``ok``; then ``draining`` (SIGTERM) or ``engine_dead``. Readiness
+``loading`` → ``warming_up`` → ``ok``; then ``draining`` (SIGTERM) or ``engine_dead``; ``ok`` ⇄ ``unloaded``
+through KServe's repository API (``--enable-model-repository``: out of service, the engine kept). Readiness
 (KServe's ``GET /v1/models/<name>``, ``/v2/models/<name>/ready``) is ``ok`` only; liveness
 (``GET /health/live``) fails only when the engine is dead.
 """
@@ -28,7 +29,7 @@ WATCHDOG_PERIOD_S = 1.0
 #: Seconds the process may take to stop after the drain (close the engine, stop the servers, exit); the pod's
 #: grace period must cover ``--shutdown-delay`` + ``--drain-timeout`` + this.
 EXIT_AFTER_DRAIN_S = 5.0
-RETRY_AFTER_S = {"loading": 5, "warming_up": 5, "draining": 1, "engine_dead": 5, "stopped": 1}
+RETRY_AFTER_S = {"loading": 5, "warming_up": 5, "draining": 1, "engine_dead": 5, "stopped": 1, "unloaded": 5}
 
 
 class Phase(str, enum.Enum):
@@ -40,6 +41,7 @@ class Phase(str, enum.Enum):
     DRAINING = "draining"
     ENGINE_DEAD = "engine_dead"
     STOPPED = "stopped"
+    UNLOADED = "unloaded"
 
 
 class Lifecycle:
@@ -67,6 +69,19 @@ class Lifecycle:
             return
         self.phase = phase
 
+    def take_out_of_service(self) -> bool:
+        """``ok`` → ``unloaded`` (the repository API's unload); False in any other phase."""
+        if self.phase is not Phase.OK:
+            return False
+        self.phase = Phase.UNLOADED
+        return True
+
+    def put_back_in_service(self) -> bool:
+        """``unloaded`` → ``ok`` (the repository API's load); True when the model is serving afterwards."""
+        if self.phase is Phase.UNLOADED:
+            self.phase = Phase.OK
+        return self.phase is Phase.OK
+
     def engine_died(self, cause: str) -> bool:
         """Record the engine's death; True the first time (so the cause is logged once).
 
@@ -89,6 +104,7 @@ class Lifecycle:
             Phase.DRAINING: "the server is shutting down; retry on another replica",
             Phase.ENGINE_DEAD: f"the engine is not running ({self.failure}); the server is restarting",
             Phase.STOPPED: "the server has stopped",
+            Phase.UNLOADED: f"model {self.name!r} is unloaded; load it with POST /v2/repository/models/{self.name}/load",
         }
         raise Unavailable(messages[self.phase], reason, RETRY_AFTER_S[reason])
 
