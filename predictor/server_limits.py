@@ -42,14 +42,13 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, Logg
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
-from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
-from predictor.errors import ApiError, bad_request
+from predictor.errors import ApiError, bad_request, from_service_error
 from predictor.grpc_access import AccessInterceptor, grpc_status
 from predictor.lifecycle import Lifecycle, Phase
-from predictor.service_errors import ServiceError
+from predictor.service_errors import ServiceError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,8 @@ class HttpLimits:
 UVICORN_GRACE_AFTER_DRAIN_S = 3.0
 
 
+#: ``Retry-After`` of a request refused past ``max_connections``.
+OVERLOADED_RETRY_AFTER_S = 1
 #: Probe requests admitted beyond ``max_connections`` (liveness and readiness must answer under a connection flood,
 #: else Kubernetes restarts a pod that is merely under attack).
 PROBE_RESERVE = 64
@@ -113,7 +114,9 @@ class HeaderDeadlineProtocol(H11Protocol):
         if over and scope["type"] == "http":
             probe = scope["method"] in OPEN_METHODS and OPEN_PATHS.match(scope["path"]) is not None
             if not probe or len(self.tasks) > limit + PROBE_RESERVE:
-                await service_unavailable(scope, receive, send)
+                busy = Unavailable(f"the server holds --max-connections {limit} connections; retry shortly",
+                                   "overloaded", OVERLOADED_RETRY_AFTER_S)
+                await from_service_error(busy).response()(scope, receive, send)
                 return
         await self._inner_app(scope, receive, send)
 
