@@ -69,7 +69,8 @@ class AccessInterceptor(aio.ServerInterceptor):
             token = metadata_token(details.invocation_metadata)
             if token is None:
                 return refusal(
-                    grpc.StatusCode.UNAUTHENTICATED, "an API key is required: send the metadata 'authorization: Bearer <key>'"
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "an API key is required: send the metadata 'authorization: Bearer <key>'",
                 )
             if not self.keys.accepts(token):
                 return refusal(grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid")

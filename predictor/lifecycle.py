@@ -104,7 +104,9 @@ class Lifecycle:
             Phase.DRAINING: "the server is shutting down; retry on another replica",
             Phase.ENGINE_DEAD: f"the engine is not running ({self.failure}); the server is restarting",
             Phase.STOPPED: "the server has stopped",
-            Phase.UNLOADED: f"model {self.name!r} is unloaded; load it with POST /v2/repository/models/{self.name}/load",
+            Phase.UNLOADED: (
+                f"model {self.name!r} is unloaded; load it with POST /v2/repository/models/{self.name}/load"
+            ),
         }
         raise Unavailable(messages[self.phase], reason, RETRY_AFTER_S[reason])
 

@@ -23,7 +23,9 @@ MAX_BODY_BYTES = 4096
 
 
 @pytest.fixture(scope="module")
-def grpc_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def grpc_server(
+    tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+) -> Iterator[Predictor]:
     tmp = tmp_path_factory.mktemp("predictor-grpc")
     key_file = tmp / "keys"
     key_file.write_text(f"{KEY}\n")

@@ -148,7 +148,8 @@ def test_access_interceptor_needs_a_key_for_every_method_and_closes_the_reposito
     keys = ApiKeys(None, "k1,k2")
     interceptor = AccessInterceptor(keys, enable_model_repository=False)
     assert _outcome(interceptor, "ServerLive", ())[0] == grpc.StatusCode.UNAUTHENTICATED
-    assert _outcome(interceptor, "ModelInfer", (("authorization", "Bearer nope"),))[0] == grpc.StatusCode.UNAUTHENTICATED
+    wrong = _outcome(interceptor, "ModelInfer", (("authorization", "Bearer nope"),))
+    assert wrong[0] == grpc.StatusCode.UNAUTHENTICATED
     assert _outcome(interceptor, "ModelInfer", (("authorization", "Bearer k2"),)) == "passed"
     assert _outcome(interceptor, "RepositoryModelUnload", (("authorization", "Bearer k1"),))[0] == (
         grpc.StatusCode.UNIMPLEMENTED)
