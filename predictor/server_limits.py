@@ -26,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import resource
+import struct
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import grpc
 import h11
 import kserve
 import orjson
@@ -116,7 +118,9 @@ class HeaderDeadlineProtocol(H11Protocol):
             if not probe or len(self.tasks) > limit + PROBE_RESERVE:
                 busy = Unavailable(f"the server holds --max-connections {limit} connections; retry shortly",
                                    "overloaded", OVERLOADED_RETRY_AFTER_S)
-                await from_service_error(busy).response()(scope, receive, send)
+                refusal = from_service_error(busy)
+                refusal.headers["Connection"] = "close"  # frees a place for the next client
+                await refusal.response()(scope, receive, send)
                 return
         await self._inner_app(scope, receive, send)
 
@@ -180,13 +184,20 @@ def listen_address(host: str, port: int) -> str:
 
 
 class ErrorStatusInterceptor(ExceptionToStatusInterceptor):
-    """KServe's exception mapping, with ours first: a bad request is not an ``INTERNAL`` error."""
+    """KServe's exception mapping, with ours first: a bad request is not an ``INTERNAL`` error.
+
+    ``ModelInfer`` decodes the client's tensors (``InferRequest.from_grpc``, then ``as_numpy``) before the model
+    sees them; malformed ``raw_input_contents`` or a shape that does not match the data fail there with
+    ``struct.error`` or ``ValueError``, which are the client's fault.
+    """
 
     async def handle_exception(self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str) -> None:
         """Abort with our error's status; anything else as KServe maps it."""
         if isinstance(ex, (ApiError, ServiceError)):
             code, message = grpc_status(ex)
             await context.abort(code, message)
+        if method_name.endswith("/ModelInfer") and isinstance(ex, (struct.error, ValueError)):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the input tensors cannot be decoded: {str(ex)[:200]}")
         await super().handle_exception(ex, request_or_iterator, context, method_name)
 
 

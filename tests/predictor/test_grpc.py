@@ -118,6 +118,15 @@ def test_bad_requests_are_invalid_argument_naming_the_field(stub: GRPCInferenceS
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("inputs[0].data[1].questions.topic"), details
 
 
+def test_undecodable_tensors_are_invalid_argument(stub: GRPCInferenceServiceStub) -> None:
+    auth = (("authorization", f"Bearer {KEY}"),)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="request", datatype="BYTES", shape=[1])
+    for raw in (b"\xff\xff\xff\xff", b"\x01\x00"):  # an element length past the data; a cut length
+        request = pb.ModelInferRequest(model_name=MODEL_NAME, inputs=[tensor], raw_input_contents=[raw])
+        code, details = status_of(lambda **kw: stub.ModelInfer(request, **kw), metadata=auth)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "cannot be decoded" in details, (code, details)
+
+
 def test_messages_over_the_body_limit_are_refused(stub: GRPCInferenceServiceStub) -> None:
     auth = (("authorization", f"Bearer {KEY}"),)
     code, details = status_of(
