@@ -26,7 +26,7 @@ from predictor.lifecycle import GracefulShutdown
 from predictor.observe import RequestObserverMiddleware
 from predictor.request_policy import RequestPolicy
 from predictor.route_guard import RouteGuardMiddleware
-from predictor.server_limits import HttpLimits
+from predictor.server_limits import GrpcSettings, HttpLimits
 from predictor.service_errors import ServiceError
 
 if TYPE_CHECKING:
@@ -154,10 +154,30 @@ def http_limits(args: argparse.Namespace) -> HttpLimits:
         max_header_bytes=args.max_header_bytes,
         header_timeout=args.header_timeout,
         max_connections=args.max_connections,
+        drain_s=args.drain_timeout,
     )
 
 
-def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> None:
+def api_keys(args: argparse.Namespace) -> ApiKeys:
+    """The API keys of ``--api-key-file`` and the environment (HTTP and gRPC share them)."""
+    return ApiKeys(args.api_key_file, os.environ.get(API_KEYS_ENV))
+
+
+def grpc_settings(args: argparse.Namespace, keys: ApiKeys) -> GrpcSettings | None:
+    """KServe's gRPC server as the flags ask for it, or None (the default: ``--enable_grpc`` is off)."""
+    if not args.enable_grpc:
+        return None
+    return GrpcSettings(
+        port=args.grpc_port,
+        max_message_bytes=min(args.max_body_bytes, args.grpc_max_receive_message_length),
+        max_send_bytes=args.grpc_max_send_message_length,
+        max_threads=args.max_threads,
+        keys=keys,
+        enable_model_repository=args.enable_model_repository,
+    )
+
+
+def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace, keys: ApiKeys) -> None:
     """Add the middleware, error handlers and routes to KServe's app (before the server starts).
 
     Middleware, outermost first: request ids and metrics, the shutdown window (503 once SIGTERM came), API keys,
@@ -172,10 +192,11 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> Non
         enable_model_repository=args.enable_model_repository,
         enable_docs=args.enable_docs_url,
     )
-    keys = ApiKeys(args.api_key_file, os.environ.get(API_KEYS_ENV))
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
-    app.add_middleware(GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay)
+    app.add_middleware(
+        GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay, drain_s=args.drain_timeout
+    )
     app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(ServiceError, service_error_handler)

@@ -2,7 +2,7 @@
 
 With no ``--model-dir`` it serves the embedded tiny demo release (RANDOM weights, said loudly).
 vLLM's engine arguments (``--tensor-parallel-size`` ...) and KServe's own flags (``--http_port``,
-``--grpc_port``, ``--enable_grpc`` ...) are accepted as well.
+``--grpc_port``, ``--enable_grpc`` ...) are accepted as well; gRPC is off unless ``--enable_grpc true``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.api_args import (
     add_api_args,
+    api_keys,
     check_api_args,
+    grpc_settings,
     http_limits,
     install_api,
     register_aliases,
@@ -27,7 +29,7 @@ from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
 from predictor.health import NotReadyTracebackFilter
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
+from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
 from predictor.observe import configure_json_logs
@@ -80,10 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
-    group.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish in-flight requests on SIGTERM")
+    group.add_argument(
+        "--drain-timeout", type=int, default=20,
+        help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
+    )
     group.add_argument(
         "--shutdown-delay", type=float, default=5.0,
-        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining",
+        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
+        "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )
     group.add_argument(
         "--max-queued-requests", type=int, default=None,
@@ -105,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
     add_api_args(parser)
-    parser.set_defaults(model_name="clef-flash")
+    # gRPC only when asked for (KServe's default is on, listening on every interface).
+    parser.set_defaults(model_name="clef-flash", enable_grpc=False)
     return parser
 
 
@@ -125,6 +132,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--answer-cache-bytes must be 0 (off) or more")
     if args.shutdown_delay < 0:
         parser.error("--shutdown-delay must be 0 or more")
+    if args.drain_timeout < 1:
+        parser.error("--drain-timeout must be at least 1")
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes must be at least 1024")
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -205,15 +214,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
-    install_api(app, model, args)
+    keys = api_keys(args)
+    install_api(app, model, args, keys)
     server = ClefModelServer(
         http_limits(args),
+        grpc_settings(args, keys),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=1,
         max_threads=args.max_threads,
         max_asyncio_workers=args.max_asyncio_workers,
-        enable_grpc=args.enable_grpc,
         enable_docs_url=args.enable_docs_url,
         enable_latency_logging=args.enable_latency_logging,
         access_log_format=args.access_log_format,
@@ -225,3 +235,4 @@ def main(argv: list[str] | None = None) -> None:
     )
     register_aliases(server, model, args)
     server.start([model])
+    exit_after_shutdown()

@@ -89,18 +89,39 @@ def runtime_spec() -> dict[str, object]:
     container = predictor_container(
         image="@IMAGE@", model_name="@NAME@", dp="@GPUS@", max_model_len="@MAX_MODEL_LEN@",
         resources="@RESOURCES@",  # type: ignore[arg-type]  (a placeholder for a Helm block)
-        extra_args=["@EXTRA_ARGS@"],
+        extra_args=["@EXTRA_ARGS@"], grpc=True,  # its lines are kept under `if $rt.grpc` (GRPC_LINES)
     )
     return {"containers": [container], "volumes": predictor_volumes(compile_cache={"@CACHE@": {}})}
+
+
+def grpc_lines() -> dict[str, int]:
+    """The lines (stripped) that the contract adds with ``grpc=True``, each with the count of lines it starts."""
+    container = predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={}, grpc=True)
+    plain = predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={})
+    lines = {f"- {arg}": 1 for arg in container["args"] if arg not in plain["args"]}
+    for port in container["ports"][len(plain["ports"]):]:
+        lines[f"- name: {port['name']}"] = len(port)
+    return lines
 
 
 def render() -> str:
     """The whole template text."""
     body = yaml.safe_dump(runtime_spec(), sort_keys=False, default_flow_style=False, width=200)
     lines = []
+    optional = grpc_lines()
+    closing, opened_at = 0, ""
     for line in ("  " + raw for raw in body.splitlines()):  # under the template's `spec:`
         stripped = line.strip()
         pad = line[: len(line) - len(line.lstrip())]
+        if stripped in optional:
+            lines.append(pad + "{{- if $rt.grpc }}")
+            closing, opened_at = optional[stripped], pad
+        if closing:
+            lines.append(line)
+            closing -= 1
+            if not closing:
+                lines.append(opened_at + "{{- end }}")
+            continue
         if stripped in BLOCKS:
             lines.append(pad + BLOCKS[stripped].format(indent=len(pad), pad=pad, inner=len(pad) + 4))
             continue

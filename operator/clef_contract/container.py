@@ -43,7 +43,14 @@ MANAGED_FLAGS: tuple[str, ...] = (
     "--api-key-file",
     "--shutdown-delay",
     "--drain-timeout",
+    "--enable_grpc",
+    "--enable-grpc",
+    "--grpc_port",
+    "--grpc-port",
 )
+
+# KServe's gRPC port: the predictor serves gRPC only when asked (``grpc=True``), and only then is the port declared.
+GRPC_PORT = 8081
 
 # SIGTERM: readiness fails and new requests get 503 for SHUTDOWN_DELAY_S (endpoints drop the pod meanwhile), then
 # in-flight requests get DRAIN_TIMEOUT_S. Together they stay inside Kubernetes' default grace period of 30 s,
@@ -82,9 +89,10 @@ def predictor_args(
     dp: str,
     max_model_len: str,
     api_key_file: bool = False,
+    grpc: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The arguments after ``python -m predictor``, one ``--flag=value`` per item."""
+    """The arguments after ``python -m predictor``, one ``--flag=value`` per item (gRPC only with ``grpc``)."""
     args = [
         f"--model-dir={MODEL_DIR}",
         f"--model-name={model_name}",
@@ -98,7 +106,17 @@ def predictor_args(
     ]
     if api_key_file:
         args.append(f"--api-key-file={API_KEY_FILE}")
+    if grpc:
+        args += ["--enable_grpc=true", f"--grpc_port={GRPC_PORT}"]
     return [*args, *extra_args]
+
+
+def predictor_ports(*, grpc: bool = False) -> list[dict[str, Any]]:
+    """The container's ports: HTTP, and gRPC only when it is served."""
+    ports: list[dict[str, Any]] = [{"name": "http", "containerPort": PREDICTOR_PORT, "protocol": "TCP"}]
+    if grpc:
+        ports.append({"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"})
+    return ports
 
 
 def predictor_env() -> list[dict[str, str]]:
@@ -188,6 +206,7 @@ def predictor_container(
     env: Sequence[Mapping[str, Any]] = (),
     extra_args: Sequence[str] = (),
     api_key_file: bool = False,
+    grpc: bool = False,
     startup_period: int = DEFAULT_STARTUP_PERIOD,
     startup_failures: int = DEFAULT_STARTUP_FAILURES,
 ) -> dict[str, Any]:
@@ -197,9 +216,9 @@ def predictor_container(
         "image": image,
         "command": list(COMMAND),
         "args": predictor_args(model_name=model_name, dp=dp, max_model_len=max_model_len,
-                               api_key_file=api_key_file, extra_args=extra_args),
+                               api_key_file=api_key_file, grpc=grpc, extra_args=extra_args),
         "env": [*predictor_env(), *(dict(item) for item in env)],
-        "ports": [{"name": "http", "containerPort": PREDICTOR_PORT, "protocol": "TCP"}],
+        "ports": predictor_ports(grpc=grpc),
         "resources": _copy(resources),
         "securityContext": container_security_context(),
         "volumeMounts": predictor_volume_mounts(api_key_file=api_key_file),

@@ -206,7 +206,8 @@ def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[
     resources = {part: {**values["resources"][part], "nvidia.com/gpu": gpus} for part in ("requests", "limits")}
     expected = predictor_container(
         image="registry.example.com/clef/clef-predictor:0.1.0-test", model_name="{{.Name}}", dp=gpus,
-        max_model_len=str(values["maxModelLen"]), resources=resources, extra_args=values["extraArgs"])
+        max_model_len=str(values["maxModelLen"]), resources=resources, extra_args=values["extraArgs"],
+        grpc=values["grpc"])
     assert runtime["spec"]["containers"] == [expected]
     assert runtime["spec"]["volumes"] == predictor_volumes(compile_cache=values["compileCache"])
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]

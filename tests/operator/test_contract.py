@@ -32,9 +32,19 @@ def test_placeholders_pass_through_unchanged() -> None:
 
 
 def test_every_flag_the_contract_sets_is_managed() -> None:
-    args = c.predictor_args(model_name="m", dp="1", max_model_len="8", api_key_file=True)
-    assert {arg.split("=", 1)[0] for arg in args} == set(c.MANAGED_FLAGS)
+    args = c.predictor_args(model_name="m", dp="1", max_model_len="8", api_key_file=True, grpc=True)
+    # the gRPC flags are managed in both spellings: extra arguments cannot serve gRPC on an undeclared port
+    assert set(c.MANAGED_FLAGS) - {arg.split("=", 1)[0] for arg in args} == {"--enable-grpc", "--grpc-port"}
     assert f"--api-key-file={API_KEY_FILE}" in args
+
+
+def test_grpc_is_served_and_its_port_declared_only_when_enabled() -> None:
+    plain = c.predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={})
+    assert [port["name"] for port in plain["ports"]] == ["http"]
+    assert not any("grpc" in arg for arg in plain["args"])
+    served = c.predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={}, grpc=True)
+    assert served["ports"][1] == {"name": "grpc", "containerPort": c.GRPC_PORT, "protocol": "TCP"}
+    assert {"--enable_grpc=true", f"--grpc_port={c.GRPC_PORT}"} <= set(served["args"])
 
 
 def test_results_share_nothing_with_the_inputs() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) ->
     port = free_port()
     command = [
         sys.executable, "-m", "predictor",
-        "--http_port", str(port), "--enable_grpc", "false", "--model-name", MODEL_NAME, *args,
+        "--http_port", str(port), "--model-name", MODEL_NAME, *args,
     ]
     return start_server(tmp, command, port, env)
 
@@ -85,6 +86,32 @@ def _probe_round(server: Predictor, client: httpx.Client) -> bool:
         server.log_at_first_ready = server.log()
     server.rounds.append(statuses)
     return all(status == 200 for status in statuses.values())
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses process ``pid`` listens on, from /proc (IPv4 and IPv6; ``::`` is every interface)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            host_hex, port_hex = fields[1].split(":")
+            raw = bytes.fromhex(host_hex)
+            # /proc writes each 32-bit word of the address in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            address = ipaddress.ip_address(words)
+            mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is 127.0.0.1
+            found.add((str(mapped or address), int(port_hex, 16)))
+    return found
 
 
 def stop(server: Predictor, timeout: float = 60) -> int:

@@ -23,3 +23,30 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
     )
     assert result["ok"], (result, (tmp_path / "predictor.log").read_text()[-3000:])
     assert result["statuses"].get("200", 0) > 0 and result["exit_code"] == 0, result
+
+
+def test_sigterm_with_64_clients_in_flight_past_the_drain(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
+    """More work in flight than the drain allows: what is unanswered then gets 503 + Retry-After (uvicorn's own
+    timeout would cancel it into a 500), and the process is gone within its delay + drain + a few seconds."""
+    from reliability.lifecycle import run
+    from predictor.lifecycle import EXIT_AFTER_DRAIN_S
+
+    delay, drain = 1, 2
+    log = tmp_path / "predictor.log"
+    result = asyncio.run(
+        run(
+            "sigterm",
+            ["--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4",
+             "--max-queued-requests", "64", "--shutdown-delay", str(delay), "--drain-timeout", str(drain)],
+            clients=64,
+            load_seconds=3,
+            exit_timeout=delay + drain + EXIT_AFTER_DRAIN_S,
+            engine_name="EngineCore",
+            startup_timeout=900,
+            log_path=log,
+        )
+    )
+    text = log.read_text()
+    assert result["ok"] and result["exit_code"] == 0, (result, text[-3000:])
+    assert "500" not in result["statuses"] and result["503_without_retry_after"] == 0, result
+    assert "answered 503 with Retry-After" in text and "timeout graceful shutdown exceeded" not in text, text[-3000:]

@@ -121,3 +121,10 @@ def test_alias_is_served_on_kserve_routes(client: httpx.Client) -> None:
     response = client.post(f"/v1/models/{ALIAS}:predict", json={"instances": [simple_request(model=ALIAS)]}, headers=_auth(KEY))
     assert response.status_code == 200, response.text
     assert response.json()["predictions"][0]["model"] == ALIAS
+
+
+def test_only_http_listens_and_only_on_the_host(server: Predictor) -> None:
+    """gRPC is off unless asked for (KServe's default would listen on every interface, keys or not)."""
+    from tests.predictor.conftest import listening_addresses
+
+    assert listening_addresses(server.process.pid) == {("127.0.0.1", server.port)}

@@ -386,3 +386,43 @@ def test_sigterm_fails_readiness_first_and_hands_over_after_the_delay() -> None:
         signal.signal(signal.SIGTERM, saved)
     assert phase is Phase.DRAINING and not lifecycle.ready
     assert waited >= 0.3
+
+
+def test_drain_timeout_answers_unanswered_requests_503_and_lets_started_ones_finish() -> None:
+    """At the drain's end a request with no response yet is cancelled and answered 503 + Retry-After; one whose
+    response has started is left to finish (uvicorn would cancel both into a 500)."""
+    started_response = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/streaming":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            started_response.set()
+            await asyncio.sleep(0.2)
+            await send({"type": "http.response.body", "body": b"done"})
+        else:
+            await asyncio.sleep(3600)
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        shutdown = GracefulShutdown(app, Lifecycle(MODEL_NAME), delay_s=0, drain_s=0)
+        sent: dict[str, list[dict[str, Any]]] = {"/slow": [], "/streaming": []}
+
+        async def call(path: str) -> None:
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent[path].append(message)
+
+            await shutdown({"type": "http", "path": path, "method": "POST", "headers": []}, receive, send)
+
+        tasks = [asyncio.create_task(call("/slow")), asyncio.create_task(call("/streaming"))]
+        await started_response.wait()
+        cut = shutdown.cut_unanswered()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        return sent["/slow"], sent["/streaming"], cut
+
+    slow, streaming, cut = asyncio.run(scenario())
+    assert cut == 1
+    assert slow[0]["status"] == 503 and (b"retry-after", b"1") in slow[0]["headers"]
+    assert json.loads(slow[1]["body"])["error"]["type"] == "service_unavailable"
+    assert streaming[0]["status"] == 200 and streaming[-1]["body"] == b"done"
