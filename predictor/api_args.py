@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from predictor.model import ClefModel
 
 DEFAULTS = HttpLimits()
+SDK_DEFAULT_MODEL = "jev-latest"
+"""The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +62,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="another name served as the same model (repeatable), e.g. jev-latest, the TypeSafe SDK's default",
+        help=f"another name served as the same model (repeatable); {SDK_DEFAULT_MODEL}, the TypeSafe SDK's default, "
+        "is always served",
     )
     group.add_argument(
         "--accept-any-model-name", action="store_true", help="answer System One requests whatever model they name"
@@ -140,10 +143,17 @@ def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--max-connections must be at least 1")
 
 
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """The names served besides ``--model-name``: each ``--model-alias`` and :data:`SDK_DEFAULT_MODEL`, once."""
+    names = dict.fromkeys((*args.model_alias, SDK_DEFAULT_MODEL))
+    names.pop(args.model_name, None)
+    return tuple(names)
+
+
 def request_policy(args: argparse.Namespace) -> RequestPolicy:
     """The request policy the flags ask for."""
     return RequestPolicy(
-        aliases=tuple(args.model_alias), accept_any_name=args.accept_any_model_name, state_overflow=args.state_overflow
+        aliases=model_aliases(args), accept_any_name=args.accept_any_model_name, state_overflow=args.state_overflow
     )
 
 
@@ -168,7 +178,7 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> Non
     app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
     app.add_middleware(
         RouteGuardMiddleware,
-        served_names=(model.name, *args.model_alias),
+        served_names=(model.name, *model_aliases(args)),
         enable_model_repository=args.enable_model_repository,
         enable_docs=args.enable_docs_url,
     )
@@ -185,6 +195,6 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace) -> Non
 
 
 def register_aliases(server: kserve.ModelServer, model: ClefModel, args: argparse.Namespace) -> None:
-    """Serve the model under each ``--model-alias`` on KServe's routes too."""
-    for alias in args.model_alias:
+    """Serve the model under each alias (:func:`model_aliases`) on KServe's routes too."""
+    for alias in model_aliases(args):
         server.register_model(model, name=alias)

@@ -502,10 +502,15 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
             client.system_one("hello", {"q": typesafe_sdk.Choice(criteria={"only": None})})
         assert "questions.q.criteria" in str(caught.value) and caught.value.request_id
         assert caught.value.body["detail"][0]["loc"] == ["body", "questions", "q", "criteria"]
-    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="jev-latest", timeout=300) as client:
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", timeout=300) as client:
+        assert client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")}).model == "jev-latest"
+        assert [model.name for model in client.models.list().models] == [MODEL_NAME, "jev-latest"]
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="other", timeout=300) as client:
         with pytest.raises(TypeSafeNotFoundError) as missing:
             client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
-        assert "model: model 'jev-latest' is not served here" in str(missing.value)
+        message = str(missing.value)
+        assert "model: model 'other' is not served here; this server serves 'clef-flash', 'jev-latest'" in message
+        assert "--model-alias" in message
 
 
 def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,19 +90,28 @@ def test_model_is_required() -> None:
     assert result.returncode == 2 and "--model" in result.stderr and "Traceback" not in result.stderr
 
 
+USER_ENV_DROPPED = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
+"""Settings a user of the card's command does not have: vLLM sizes its own cache and spawns its engine core."""
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""What an air-gapped machine sets: nothing may be looked up on the hub."""
+
+
 @pytest.fixture(scope="module")
 def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
-    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way."""
+    """The installed ``clef-systemone`` on the tiny release (CPU vLLM), started the card's way, offline, in a
+    user's environment: vLLM's default cache sizing and its engine core in its own process."""
     pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("clef-systemone")
     port = free_port()
     log_path, stdout_path = tmp / "server.log", tmp / "server.out"
     command = [
-        sys.executable, "-m", "predictor.systemone_cli",
+        str(Path(sys.executable).parent / "clef-systemone"),
         "--model", str(tiny_release), "--port", str(port), "--served-model-name", "clef-flash",
-        "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
+        "--max-model-len", "512", "--enable_grpc", "false",
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    env = {name: value for name, value in os.environ.items() if name not in USER_ENV_DROPPED}
+    env |= OFFLINE_ENV | {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    started = time.monotonic()
     with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=env)
     server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
@@ -118,6 +128,7 @@ def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, pr
             server.rounds.append({"/health": status})
             if status == 200:
                 server.log_at_first_ready = server.log()
+                print(f"clef-systemone ready {time.monotonic() - started:.1f} s after it was started")
                 break
             time.sleep(0.5)
         else:
@@ -125,6 +136,18 @@ def card_server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, pr
             raise RuntimeError(f"clef-systemone not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-5000:]}")
     yield server
     assert stop(server) == 0, server.log()[-3000:]
+
+
+@pytest.mark.vllm
+def test_card_command_starts_offline_with_vllms_cache_sized_for_its_sequences(card_server: Predictor) -> None:
+    """No hub look-up, an engine core process of its own, and a KV cache sized by the predictor that holds
+    vLLM's 128 sequences of --max-model-len tokens (vLLM's own default wanted 0.92 of the machine)."""
+    log = card_server.stdout() + card_server.log()  # vLLM logs on stdout
+    assert "EngineCore pid=" in log
+    assert "Setting attention block size to 384 tokens" in log  # what predictor.cpu_kv_cache counts with
+    assert re.search(r"vLLM CPU KV cache: 0\.0\d GiB per engine", log), log[-3000:]
+    concurrency = re.search(r"Maximum concurrency for 512 tokens per request: ([\d.]+)x", log)
+    assert concurrency is not None and 128 <= float(concurrency.group(1)) < 130, log[-3000:]
 
 
 @pytest.mark.vllm

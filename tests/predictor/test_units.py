@@ -199,6 +199,21 @@ def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
     assert vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True).model == str(tmp_path)
 
 
+def test_engine_arguments_are_built_offline_without_the_hub(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With HF_HUB_OFFLINE, vLLM resolves model and tokenizer through the hub's cache when its arguments are
+    built: they must already be the release folder (vLLM's default model id is cached nowhere offline)."""
+    pytest.importorskip("vllm")
+    import huggingface_hub
+
+    from predictor.cli import build_parser
+    from predictor.engine_args import vllm_engine_args
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tiny_release.parent / "empty-hub-cache"))
+    engine_args = vllm_engine_args(build_parser().parse_args([]), tiny_release, on_gpu=False)
+    assert engine_args.model == engine_args.tokenizer == str(tiny_release)
+
+
 def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
     from predictor.cli import build_parser, check_args
 
