@@ -39,9 +39,8 @@ SDK_DEFAULT_MODEL = "jev-latest"
 """The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
 
 
-def add_api_args(parser: argparse.ArgumentParser) -> None:
-    """Register the API's flags on ``parser``."""
-    group = parser.add_argument_group("API: access, limits and names")
+def add_api_args(group: argparse._ActionsContainer) -> None:
+    """Register the API's flags (access, limits and names) on ``group``: a parser or one of its groups."""
     group.add_argument(
         "--host", default=DEFAULTS.host, help="address to listen on (0.0.0.0 in a container or to serve other hosts)"
     )

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
     add_engine_args(parser)
     add_kserve_args(parser)
-    group = parser.add_argument_group("Predictor", "the predictor's own flags (python -m predictor --help=predictor)")
+    group = parser.add_argument_group(
+        "Predictor", "the predictor's own flags, the API's included (python -m predictor --help=predictor)"
+    )
     group.add_argument("--model-dir", type=Path, default=None, help="release folder; without it, the random demo release")
     group.add_argument(
         "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM on GPUs when installed, else transformers"
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models; without it, config.json's date"
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
-    add_api_args(parser)
+    add_api_args(group)
     parser.set_defaults(model_name="clef-flash")
     return parser
 

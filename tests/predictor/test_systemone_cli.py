@@ -168,3 +168,26 @@ def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
         assert client.get("/health").status_code == 200
         refused = client.post("/v1/systemone", json={**json.loads(CARD_CURL_BODY), "model": "other"})
         assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
+
+
+def test_help_states_the_true_host_default() -> None:
+    from predictor.server_limits import HttpLimits
+    from predictor.systemone_cli import DEFAULT_HOST
+
+    assert DEFAULT_HOST == HttpLimits().host == cli.build_parser().parse_args([]).host
+    help_text = " ".join(build_parser().format_help().split())
+    assert f"--host HOST address to listen on (default: {DEFAULT_HOST}, this machine only" in help_text
+    assert "all interfaces" not in help_text and "(default: None)" not in help_text.split("--host", 1)[1][:120]
+
+
+def test_predictor_help_lists_the_api_flags(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setattr(FlexibleArgumentParser, "_search_keyword", None)  # --help=KEYWORD is kept on the class
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser().parse_args(["--help=predictor"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    for flag in ("--model-dir", "--api-key-file", "--model-alias", "--host", "--max-batch-items", "--encode-processes"):
+        assert flag in shown, flag
