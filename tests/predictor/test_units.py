@@ -228,13 +228,21 @@ def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> N
         assert message in capsys.readouterr().err
 
 
-def test_a_max_model_len_no_request_fits_is_a_usage_error(tiny_release: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from predictor.cli import main
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_a_max_model_len_no_request_fits_is_a_usage_error_before_any_engine_is_built(
+    engine: str, tiny_release: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release's tokenizer.json (the tokenizers library) measures the shortest warm-up prompt (112 tokens)."""
+    from predictor import cli
 
+    def no_engine(*_: object) -> None:
+        raise AssertionError("an engine was built for a --max-model-len no request fits")
+
+    monkeypatch.setattr(cli, "build_engine", no_engine)
     with pytest.raises(SystemExit) as caught:
-        main(["--engine", "transformers", "--model-dir", str(tiny_release), "--max-model-len", "64"])
+        cli.main(["--engine", engine, "--model-dir", str(tiny_release), "--max-model-len", "100"])
     assert caught.value.code == 2
-    assert "--max-model-len 64 leaves no room for a System One request" in capsys.readouterr().err
+    assert "--max-model-len 100 leaves no room for a System One request" in capsys.readouterr().err
 
 
 def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
