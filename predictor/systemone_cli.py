@@ -70,7 +70,10 @@ def predictor_argv(args: argparse.Namespace, rest: list[str], predictor_parser: 
         "--dp", str(args.dp),
         "--max-model-len", str(args.max_model_len),
     ]  # fmt: skip
-    optional = {"--host": (getattr(args, "host", None), "--host"), "--tp": (None if args.tp == 1 else str(args.tp), "--tensor-parallel-size")}
+    optional = {
+        "--host": (getattr(args, "host", None), "--host"),
+        "--tp": (None if args.tp == 1 else str(args.tp), "--tensor-parallel-size"),
+    }
     for card_flag, (value, flag) in optional.items():
         if value is None:
             continue

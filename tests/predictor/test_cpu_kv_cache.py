@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from clef_tools.fullsize import FULL_TEXT
-from predictor.cpu_kv_cache import KV_SHARE_OF_FREE, KvLayout, default_kv_cache_bytes, kv_layout
+from predictor.cpu_kv_cache import (
+    KV_SHARE_OF_FREE,
+    KvLayout,
+    default_kv_cache_bytes,
+    kv_layout,
+)
 from predictor.memory import GIB, InsufficientMemory
 
 MIB = 1 << 20
@@ -56,6 +61,7 @@ def test_blocks_and_pages_follow_vllms_layout(tiny_release: Path, tmp_path: Path
 
 
 TINY = KvLayout(attention_layers=1, delta_net_layers=3, attention_bytes_per_token=256, delta_net_state_bytes=68608)
+FULL = KvLayout(attention_layers=8, delta_net_layers=24, attention_bytes_per_token=4096, delta_net_state_bytes=2146304)
 
 
 def test_the_default_holds_every_sequence_when_memory_allows() -> None:
@@ -66,22 +72,22 @@ def test_the_default_holds_every_sequence_when_memory_allows() -> None:
 
 
 def test_the_default_is_capped_by_the_memory_free_after_the_weights() -> None:
-    full = KvLayout(attention_layers=8, delta_net_layers=24, attention_bytes_per_token=4096, delta_net_state_bytes=2146304)
+
     available, weights = 20 * GIB, 10 * GIB
-    size = default_kv_cache_bytes(full, max_model_len=16384, max_num_seqs=128, weights=weights, available=available)
+    size = default_kv_cache_bytes(FULL, max_model_len=16384, max_num_seqs=128, weights=weights, available=available)
     assert size == int((available - weights) * KV_SHARE_OF_FREE)
-    two = default_kv_cache_bytes(full, 16384, 128, weights=weights // 4, engines=2, available=available)
+    two = default_kv_cache_bytes(FULL, 16384, 128, weights=weights // 4, engines=2, available=available)
     assert two == int((available - weights // 2) * KV_SHARE_OF_FREE / 2)
 
 
 def test_a_machine_without_room_for_one_longest_prompt_is_refused_naming_the_flags() -> None:
-    full = KvLayout(attention_layers=8, delta_net_layers=24, attention_bytes_per_token=4096, delta_net_state_bytes=2146304)
+
     with pytest.raises(InsufficientMemory) as caught:
-        default_kv_cache_bytes(full, max_model_len=16384, max_num_seqs=128, weights=9 * GIB, available=10 * GIB)
+        default_kv_cache_bytes(FULL, max_model_len=16384, max_num_seqs=128, weights=9 * GIB, available=10 * GIB)
     message = str(caught.value)
     assert "one prompt of --max-model-len 16384 tokens" in message
     assert "lower --max-model-len or --dp, or size the cache with --kv-cache-memory-bytes" in message
-    assert default_kv_cache_bytes(full, max_model_len=1024, max_num_seqs=128, weights=9 * GIB, available=10 * GIB)
+    assert default_kv_cache_bytes(FULL, max_model_len=1024, max_num_seqs=128, weights=9 * GIB, available=10 * GIB)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +130,8 @@ def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
     from predictor.engines import with_cpu_kv_cache
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    given = vllm_engine_args(build_parser().parse_args(["--gpu-memory-utilization", "0.99"]), tiny_release, on_gpu=False)
+    args = build_parser().parse_args(["--gpu-memory-utilization", "0.99"])
+    given = vllm_engine_args(args, tiny_release, on_gpu=False)
     with pytest.raises(InsufficientMemory, match="lower --gpu-memory-utilization"):
         with_cpu_kv_cache(given, tiny_release)
 

@@ -505,7 +505,8 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
     with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", timeout=300) as client:
         assert client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")}).model == "jev-latest"
         assert [model.name for model in client.models.list().models] == [MODEL_NAME, "jev-latest"]
-    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="other", timeout=300) as client:
+    other = typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="other", timeout=300)
+    with other as client:
         with pytest.raises(TypeSafeNotFoundError) as missing:
             client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
         message = str(missing.value)

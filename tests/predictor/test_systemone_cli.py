@@ -180,7 +180,9 @@ def test_help_states_the_true_host_default() -> None:
     assert "all interfaces" not in help_text and "(default: None)" not in help_text.split("--host", 1)[1][:120]
 
 
-def test_predictor_help_lists_the_api_flags(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_predictor_help_lists_the_api_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("vllm")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

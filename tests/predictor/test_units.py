@@ -199,7 +199,9 @@ def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
     assert vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True).model == str(tmp_path)
 
 
-def test_engine_arguments_are_built_offline_without_the_hub(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_arguments_are_built_offline_without_the_hub(
+    tiny_release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With HF_HUB_OFFLINE, vLLM resolves model and tokenizer through the hub's cache when its arguments are
     built: they must already be the release folder (vLLM's default model id is cached nowhere offline)."""
     pytest.importorskip("vllm")
