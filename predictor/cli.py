@@ -31,7 +31,7 @@ from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
 from predictor.observe import configure_json_logs
-from predictor.prepare import ReleaseTokenizer
+from predictor.prepare import TOKENIZER_FILE, ReleaseTokenizer
 from predictor.server_limits import ClefModelServer
 from predictor.service import ModelCard
 from predictor.warmup import WarmupDoesNotFit, warmup_schema
@@ -192,10 +192,11 @@ def main(argv: list[str] | None = None) -> None:
             log.warning(line)
     if args.max_model_len is None:
         args.max_model_len = DEMO_MAX_MODEL_LEN if args.model_dir is None else DEFAULT_MAX_MODEL_LEN
-    try:  # the release's tokenizer.json measures the shortest prompt before any engine is built
-        warmup_schema(ReleaseTokenizer(model_dir), args.max_model_len)
-    except WarmupDoesNotFit as exc:
-        parser.error(str(exc))
+    if (model_dir / TOKENIZER_FILE).is_file():  # else the engine's tokenizer measures it at load
+        try:  # the shortest prompt, measured before any engine is built
+            warmup_schema(ReleaseTokenizer(model_dir), args.max_model_len)
+        except WarmupDoesNotFit as exc:
+            parser.error(str(exc))
     options = ServingOptions(
         warmup_rounds=args.warmup_rounds,
         warmup_max_batch=min(16, args.max_batch),

@@ -491,6 +491,16 @@ def test_batch_answers_each_item_or_its_error(client: httpx.Client, single_answe
         assert "--max-batch-items" in response.json()["error"]["message"]
 
 
+def test_a_null_score_level_is_answered_as_the_original_answers_it(client: httpx.Client) -> None:
+    """A level without a description: an option of its own, echoed as null in the legend (the original's way)."""
+    body = simple_request()
+    body["questions"]["tone"]["criteria"] = ["calm", None, "angry"]
+    response = client.post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    tone = response.json()["answers"]["tone"]
+    assert tone["legend"] == {"0": "calm", "1": None, "2": "angry"} and set(tone["probabilities"]) == {"0", "1", "2"}
+
+
 def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server: Predictor) -> None:
     import typesafe_sdk
     from typesafe_sdk._core.errors import TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
