@@ -90,13 +90,14 @@ def test_jev_base_path_serves_the_same_api(client: httpx.Client, single_answer: 
     assert response.status_code == 200
     assert_same_answer(response.json(), single_answer)
     models = client.get("/jev/v1/models").json()["models"]
-    assert [model["name"] for model in models] == [MODEL_NAME]
-    assert models[0]["description"].startswith("RANDOM WEIGHTS")
+    assert [model["name"] for model in models] == [MODEL_NAME, "jev-latest"]  # the model, then its aliases
+    assert models[0]["description"].startswith("RANDOM WEIGHTS") and models[1] == {**models[0], "name": "jev-latest"}
     assert len(models[0]["release_date"]) == 10
 
 
 def test_kserve_model_list_keeps_its_shape(client: httpx.Client) -> None:
-    assert client.get("/v1/models").json() == {"models": [MODEL_NAME]}
+    listed = client.get("/v1/models").json()
+    assert listed.keys() == {"models"} and sorted(listed["models"]) == ["clef-flash", "jev-latest"]  # KServe's own
 
 
 def test_kserve_v1_predict(client: httpx.Client, single_answer: dict) -> None:
@@ -152,7 +153,7 @@ def test_typesafe_sdk(server: Predictor, compression: str | bool) -> None:
         base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, compression=compression, timeout=300
     ) as client:
         models = client.models.list()
-        assert [model.name for model in models.models] == [MODEL_NAME]
+        assert [model.name for model in models.models] == [MODEL_NAME, "jev-latest"]
         response = client.system_one(
             long_state,
             {
