@@ -42,8 +42,7 @@ def _optional_description(value: Any) -> Any:
     return None if value is None else _description(value)
 
 
-# A description (instructions, option or level): text, or a JSON object or array.
-Description = Annotated[Any, AfterValidator(_description)]
+# A description (instructions, option or level): text, a number, or a JSON object or array; null: none.
 OptionalDescription = Annotated[Any, AfterValidator(_optional_description)]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
 
@@ -123,11 +122,12 @@ class ChoiceQuestion(_Strict):
 
 
 class ScoreQuestion(_Strict):
-    """Rate on the levels of ``criteria`` (level index → description)."""
+    """Rate on the levels of ``criteria`` (level index → description or null: a null level is an option
+    without a description, as in the original release code)."""
 
     type: Literal["score"]
     instructions: OptionalDescription = None
-    criteria: list[Description]
+    criteria: list[OptionalDescription]
 
     @field_validator("criteria")
     @classmethod

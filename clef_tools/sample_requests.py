@@ -107,7 +107,7 @@ def make_request(rng: random.Random, questions: int | None = None, state_words: 
 
 
 def make_extreme_requests(rng: random.Random) -> list[dict[str, Any]]:
-    """Requests at the limits: 64 questions, 255 choice labels, 10 score levels, long state."""
+    """Requests at the limits: 64 questions, 255 choice labels, 10 score levels (one null), long state."""
     many = {"model": "clef-flash", "state": _text(rng, 3, 6), "questions": {}}
     for index in range(64):
         many["questions"][f"q{index}"] = make_question(rng, ("noul", "choice", "score")[index % 3])
@@ -121,6 +121,7 @@ def make_extreme_requests(rng: random.Random) -> list[dict[str, Any]]:
         "state": [_json_value(rng) for _ in range(5)],
         "questions": {"levels": make_question(rng, "score", options=10), "yes": make_question(rng, "noul")},
     }
+    deep_score["questions"]["levels"]["criteria"][3] = None  # a level without a description
     long_state = make_request(rng, questions=2, state_words=3000)
     return [many, wide_choice, deep_score, long_state]
 

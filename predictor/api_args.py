@@ -35,13 +35,23 @@ if TYPE_CHECKING:
     from predictor.model import ClefModel
 
 DEFAULTS = HttpLimits()
+SDK_DEFAULT_MODEL = "jev-latest"
+"""The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
 
 
-def add_api_args(parser: argparse.ArgumentParser) -> None:
-    """Register the API's flags on ``parser``."""
-    group = parser.add_argument_group("API: access, limits and names")
+def add_api_args(group: argparse._ActionsContainer) -> None:
+    """Register the API's flags (access, limits and names) on ``group``: a parser or one of its groups."""
     group.add_argument(
         "--host", default=DEFAULTS.host, help="address to listen on (0.0.0.0 in a container or to serve other hosts)"
+    )
+    group.add_argument(
+        "--drain-timeout", type=int, default=20,
+        help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
+    )
+    group.add_argument(
+        "--shutdown-delay", type=float, default=5.0,
+        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
+        "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )
     group.add_argument(
         "--api-key-file",
@@ -60,7 +70,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="another name served as the same model (repeatable), e.g. jev-latest, the TypeSafe SDK's default",
+        help=f"another name served as the same model (repeatable); {SDK_DEFAULT_MODEL}, the TypeSafe SDK's default, "
+        "is always served",
     )
     group.add_argument(
         "--accept-any-model-name", action="store_true", help="answer System One requests whatever model they name"
@@ -140,10 +151,17 @@ def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--max-connections must be at least 1")
 
 
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """The names served besides ``--model-name``: each ``--model-alias`` and :data:`SDK_DEFAULT_MODEL`, once."""
+    names = dict.fromkeys((*args.model_alias, SDK_DEFAULT_MODEL))
+    names.pop(args.model_name, None)
+    return tuple(names)
+
+
 def request_policy(args: argparse.Namespace) -> RequestPolicy:
     """The request policy the flags ask for."""
     return RequestPolicy(
-        aliases=tuple(args.model_alias), accept_any_name=args.accept_any_model_name, state_overflow=args.state_overflow
+        aliases=model_aliases(args), accept_any_name=args.accept_any_model_name, state_overflow=args.state_overflow
     )
 
 
@@ -188,7 +206,7 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace, keys: 
     app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
     app.add_middleware(
         RouteGuardMiddleware,
-        served_names=(model.name, *args.model_alias),
+        served_names=(model.name, *model_aliases(args)),
         enable_model_repository=args.enable_model_repository,
         enable_docs=args.enable_docs_url,
     )
@@ -206,6 +224,6 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace, keys: 
 
 
 def register_aliases(server: kserve.ModelServer, model: ClefModel, args: argparse.Namespace) -> None:
-    """Serve the model under each ``--model-alias`` on KServe's routes too."""
-    for alias in args.model_alias:
+    """Serve the model under each alias (:func:`model_aliases`) on KServe's routes too."""
+    for alias in model_aliases(args):
         server.register_model(model, name=alias)

@@ -33,9 +33,10 @@ from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
 from predictor.memory import InsufficientMemory
 from predictor.model import ClefModel, ServingOptions
 from predictor.observe import configure_json_logs
+from predictor.prepare import TOKENIZER_FILE, ReleaseTokenizer
 from predictor.server_limits import ClefModelServer
 from predictor.service import ModelCard
-from predictor.warmup import WarmupDoesNotFit
+from predictor.warmup import WarmupDoesNotFit, warmup_schema
 
 log = logging.getLogger("predictor")
 
@@ -73,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
     add_engine_args(parser)
     add_kserve_args(parser)
-    group = parser.add_argument_group("Predictor", "the predictor's own flags (python -m predictor --help=predictor)")
+    group = parser.add_argument_group(
+        "Predictor", "the predictor's own flags, the API's included (python -m predictor --help=predictor)"
+    )
     group.add_argument("--model-dir", type=Path, default=None, help="release folder; without it, the random demo release")
     group.add_argument(
         "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM on GPUs when installed, else transformers"
@@ -82,15 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
-    group.add_argument(
-        "--drain-timeout", type=int, default=20,
-        help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
-    )
-    group.add_argument(
-        "--shutdown-delay", type=float, default=5.0,
-        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
-        "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
-    )
     group.add_argument(
         "--max-queued-requests", type=int, default=None,
         help="records admitted at once; more get 503 + Retry-After (default: 4 x what the engine runs at once)",
@@ -110,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models; without it, config.json's date"
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
-    add_api_args(parser)
+    add_api_args(group)
     # gRPC only when asked for (KServe's default is on, listening on every interface).
     parser.set_defaults(model_name="clef-flash", enable_grpc=False)
     return parser
@@ -198,6 +192,11 @@ def main(argv: list[str] | None = None) -> None:
             log.warning(line)
     if args.max_model_len is None:
         args.max_model_len = DEMO_MAX_MODEL_LEN if args.model_dir is None else DEFAULT_MAX_MODEL_LEN
+    if (model_dir / TOKENIZER_FILE).is_file():  # else the engine's tokenizer measures it at load
+        try:  # the shortest prompt, measured before any engine is built
+            warmup_schema(ReleaseTokenizer(model_dir), args.max_model_len)
+        except WarmupDoesNotFit as exc:
+            parser.error(str(exc))
     options = ServingOptions(
         warmup_rounds=args.warmup_rounds,
         warmup_max_batch=min(16, args.max_batch),

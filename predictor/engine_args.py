@@ -82,6 +82,23 @@ def changed_engine_args(engine_args: AsyncEngineArgs) -> dict[str, Any]:
     return changed
 
 
+def release_namespace(args: argparse.Namespace, model_dir: Path) -> argparse.Namespace:
+    """A copy of ``args`` whose ``--model`` (and ``--tokenizer``, unless given) is the release folder.
+
+    vLLM resolves ``model`` and ``tokenizer`` through the Hugging Face hub when they are constructed if
+    ``HF_HUB_OFFLINE`` is set, so its default model id must never reach ``AsyncEngineArgs``: an offline
+    machine has no cached copy of it. Raises ``clef_plugin.api.PluginSettingConflict`` for a ``--model``
+    other than the release folder.
+    """
+    from clef_plugin.api import PluginSettingConflict
+    from vllm import AsyncEngineArgs
+
+    release = str(model_dir)
+    if args.model not in (AsyncEngineArgs.model, release):
+        raise PluginSettingConflict("model", args.model, f"the release folder is {release!r}")
+    return argparse.Namespace(**{**vars(args), "model": release, "tokenizer": args.tokenizer or release})
+
+
 def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) -> AsyncEngineArgs:
     """vLLM's ``AsyncEngineArgs`` from the command line, with the plugin's settings laid over them.
 
@@ -94,7 +111,7 @@ def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) ->
     import clef_plugin
     from vllm import AsyncEngineArgs
 
-    parsed = AsyncEngineArgs.from_cli_args(args)
+    parsed = AsyncEngineArgs.from_cli_args(release_namespace(args, model_dir))
     given = changed_engine_args(parsed)
     if not on_gpu:
         given.setdefault("enforce_eager", True)

@@ -63,11 +63,13 @@ def system_one_routes(router: APIRouter | FastAPI, service: SystemOneService, ma
 
 
 def jev_router(service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> APIRouter:
-    """Routes of the Jev API: ``POST /v1/systemone(/batch)`` and ``GET /v1/models`` (TypeSafe's shape)."""
+    """Routes of the Jev API: ``POST /v1/systemone(/batch)`` and ``GET /v1/models`` (TypeSafe's shape: the
+    served model, then each alias under its own name)."""
     router = APIRouter()
 
     async def list_models() -> dict[str, Any]:
-        return {"models": [service.card.to_json()]}
+        card = service.card.to_json()
+        return {"models": [card, *({**card, "name": alias} for alias in service.policy.aliases)]}
 
     system_one_routes(router, service, max_batch_items)
     router.add_api_route("/v1/models", list_models, methods=["GET"])

@@ -1,8 +1,8 @@
 """Memory checks before an engine is built: a shortfall is one line naming the flag to change.
 
 The transformers engine needs its weights (in the engine's dtype) once per ``--dp`` engine, plus one
-batch's activations; vLLM's CPU build reserves ``--gpu-memory-utilization`` of the machine's memory
-unless ``--kv-cache-memory-bytes`` (or ``VLLM_CPU_KVCACHE_SPACE``) sizes its cache explicitly.
+batch's activations; vLLM's CPU build reserves ``--gpu-memory-utilization`` of the machine's memory when
+that flag is given (else :mod:`predictor.cpu_kv_cache` sizes its cache).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ V2 (requests as JSON strings in one BYTES input → responses as JSON strings in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from kserve import InferOutput, InferRequest, InferResponse, Model
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor import metrics
 from predictor.encode_pool import EncodePool, InProcessPreparer, Preparer
-from predictor.engines.base import Engine
+from predictor.engines.base import Engine, EngineDead
 from predictor.errors import bad_request
 from predictor.http_body import decode_json_body
 from predictor.lifecycle import EngineWatchdog, Lifecycle, Phase
@@ -86,6 +87,7 @@ class ClefModel(Model):
         self.service: SystemOneService | None = None
         self.watchdog: EngineWatchdog | None = None
         self.warmup: WarmupSchema | None = None
+        self._warming_up: asyncio.Future[float] | None = None
 
     @property
     def ready(self) -> bool:
@@ -166,7 +168,15 @@ class ClefModel(Model):
             self.options.warmup_rounds,
             self.backend.max_length,
         )
-        seconds = await run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds)
+        warming_up = run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds)
+        self._warming_up = asyncio.ensure_future(warming_up)
+        try:
+            seconds = await self._warming_up
+        except (asyncio.CancelledError, EngineDead):
+            if self.lifecycle.phase not in (Phase.DRAINING, Phase.STOPPED):
+                raise
+            log.info("warm-up stopped: the server is shutting down before the model was ready")
+            return
         metrics.WARMUP_SECONDS.set(seconds)
         self.lifecycle.enter(Phase.OK)
         log.info("warm-up finished in %.1fs: model %r is ready", seconds, self.name)
@@ -177,8 +187,11 @@ class ClefModel(Model):
         return self.lifecycle.ready
 
     def stop_engine(self) -> None:
-        """Close the engine (KServe calls this after the HTTP server has drained)."""
+        """Close the engine (KServe calls this after the HTTP server has drained). A warm-up still running is
+        cancelled first: a closed engine never answers its requests (they would wait forever)."""
         self.lifecycle.enter(Phase.STOPPED)
+        if self._warming_up is not None:
+            self._warming_up.cancel()
         if self.service is not None:
             self.service.preparer.close()
         if self.backend is not None:

@@ -49,7 +49,9 @@ def validate(settings: PrepareSettings, body: Any, prefix: str = "") -> SystemOn
     if not policy.serves(settings.served_name, request.model):
         served = ", ".join(map(repr, (settings.served_name, *policy.aliases)))
         raise ModelNotServed(
-            f"model {quoted(request.model)} is not served here; this server serves {served}", (*where, "model")
+            f"model {quoted(request.model)} is not served here; this server serves {served} (--model-alias serves "
+            "more names)",
+            (*where, "model"),
         )
     return request
 

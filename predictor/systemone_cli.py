@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 CARD_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+"""The predictor's default ``--host`` (``predictor.server_limits.HttpLimits.host``; a test keeps them equal)."""
 CARD_MAX_MODEL_LEN = 16384
 CARD_MODEL_NAME = "clef-flash"
 OWNER = "clef"
@@ -39,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", type=Path, required=True, help="release folder")
     parser.add_argument("--served-model-name", default=CARD_MODEL_NAME, help="served model name")
-    parser.add_argument("--host", default=None, help="address to listen on (default: the predictor's, all interfaces)")
+    parser.add_argument(  # SUPPRESS: absent unless given, so the predictor's own default applies
+        "--host", default=argparse.SUPPRESS,
+        help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every interface)",
+    )
     parser.add_argument("--port", type=int, default=CARD_PORT, help="HTTP port")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel engines, one per GPU")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine")
@@ -65,7 +70,10 @@ def predictor_argv(args: argparse.Namespace, rest: list[str], predictor_parser: 
         "--dp", str(args.dp),
         "--max-model-len", str(args.max_model_len),
     ]  # fmt: skip
-    optional = {"--host": (args.host, "--host"), "--tp": (None if args.tp == 1 else str(args.tp), "--tensor-parallel-size")}
+    optional = {
+        "--host": (getattr(args, "host", None), "--host"),
+        "--tp": (None if args.tp == 1 else str(args.tp), "--tensor-parallel-size"),
+    }
     for card_flag, (value, flag) in optional.items():
         if value is None:
             continue

@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 port="${PORT:-8080}"
 engine="${ENGINE:-transformers}"
-export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
 .venv/bin/python -m predictor --engine "$engine" --http_port "$port" --enable_grpc false "$@" &
 server=$!

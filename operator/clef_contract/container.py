@@ -119,9 +119,16 @@ def predictor_ports(*, grpc: bool = False) -> list[dict[str, Any]]:
     return ports
 
 
-def predictor_env() -> list[dict[str, str]]:
-    """The container's own environment: the compile-cache directories on the cache volume."""
-    return [{"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()]
+# The predictor reads its release from MODEL_DIR (filled by KServe's storage initializer, its own container) and
+# never downloads: the Hugging Face libraries are told so, and an air-gapped cluster needs nothing more.
+OFFLINE_ENV: dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def predictor_env(overridden: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The container's own environment: the compile-cache directories on the cache volume and the offline
+    switches, less the ``overridden`` names (the user's own values replace them)."""
+    own = {**COMPILE_CACHE_ENV, **OFFLINE_ENV}
+    return [{"name": name, "value": value} for name, value in own.items() if name not in overridden]
 
 
 def predictor_probes(
@@ -210,14 +217,15 @@ def predictor_container(
     startup_period: int = DEFAULT_STARTUP_PERIOD,
     startup_failures: int = DEFAULT_STARTUP_FAILURES,
 ) -> dict[str, Any]:
-    """The whole predictor container; ``env`` is appended to the contract's own variables."""
+    """The whole predictor container; ``env`` is appended to the contract's own variables (replacing any of the
+    same name)."""
     return {
         "name": CONTAINER_NAME,
         "image": image,
         "command": list(COMMAND),
         "args": predictor_args(model_name=model_name, dp=dp, max_model_len=max_model_len,
                                api_key_file=api_key_file, grpc=grpc, extra_args=extra_args),
-        "env": [*predictor_env(), *(dict(item) for item in env)],
+        "env": [*predictor_env(overridden=[str(item["name"]) for item in env]), *(dict(item) for item in env)],
         "ports": predictor_ports(grpc=grpc),
         "resources": _copy(resources),
         "securityContext": container_security_context(),

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import logging
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from predictor.engines.base import Engine, EngineDead
-from predictor.memory import check_transformers_memory, check_vllm_cpu_memory
+from predictor.cpu_kv_cache import default_kv_cache_bytes, kv_layout, weights_bytes
+from predictor.memory import GIB, check_transformers_memory, check_vllm_cpu_memory
+
+if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +90,40 @@ def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
     return engines[0] if len(engines) == 1 else EnginePool(engines)
 
 
+def with_cpu_kv_cache(engine_args: AsyncEngineArgs, model_dir: Path) -> AsyncEngineArgs:
+    """vLLM's CPU engine arguments with ``kv_cache_memory_bytes`` sized by :mod:`predictor.cpu_kv_cache`,
+    unless ``--kv-cache-memory-bytes``, ``VLLM_CPU_KVCACHE_SPACE`` or ``--gpu-memory-utilization`` sizes it
+    (the last one checked against the free memory by :func:`check_vllm_cpu_memory`)."""
+    from vllm import AsyncEngineArgs
+    from vllm.config import SchedulerConfig
+
+    if engine_args.kv_cache_memory_bytes is not None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return engine_args
+    if engine_args.gpu_memory_utilization != AsyncEngineArgs.gpu_memory_utilization:
+        check_vllm_cpu_memory(engine_args.gpu_memory_utilization, None)
+        return engine_args
+    layout = kv_layout(model_dir, str(engine_args.dtype), str(engine_args.kv_cache_dtype))
+    size = default_kv_cache_bytes(
+        layout,
+        max_model_len=int(engine_args.max_model_len),
+        max_num_seqs=engine_args.max_num_seqs or SchedulerConfig.DEFAULT_MAX_NUM_SEQS,
+        weights=weights_bytes(model_dir),
+        engines=engine_args.data_parallel_size,
+    )
+    log.info(
+        "vLLM CPU KV cache: %.2f GiB per engine (attention blocks of %d tokens; --kv-cache-memory-bytes overrides)",
+        size / GIB,
+        layout.block_tokens,
+    )
+    return dataclasses.replace(engine_args, kv_cache_memory_bytes=size)
+
+
 def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
     """The engine ``--engine`` names (``auto`` resolved by :func:`choose_engine`, logged).
 
     vLLM's engine arguments come from the command line with the plugin's settings laid over them
-    (:func:`predictor.engine_args.vllm_engine_args`). On a CPU, free memory is checked first
-    (:class:`predictor.memory.InsufficientMemory` names the flag to change).
+    (:func:`predictor.engine_args.vllm_engine_args`). On a CPU, the KV cache is sized to fit the machine
+    first (:func:`with_cpu_kv_cache`; :class:`predictor.memory.InsufficientMemory` names the flag to change).
     """
     kind, reason = choose_engine(args.engine)
     log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
@@ -99,6 +134,6 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
         on_gpu = torch.cuda.is_available()
         engine_args = vllm_engine_args(args, model_dir, on_gpu=on_gpu)
         if not on_gpu:
-            check_vllm_cpu_memory(engine_args.gpu_memory_utilization, engine_args.kv_cache_memory_bytes)
+            engine_args = with_cpu_kv_cache(engine_args, model_dir)
         return VllmEngine(engine_args)
     return build_transformers(args, model_dir)

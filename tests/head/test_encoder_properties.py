@@ -37,7 +37,7 @@ choice = st.fixed_dictionaries(
     optional={"instructions": instructions},
 )
 score = st.fixed_dictionaries(
-    {"type": st.just("score"), "criteria": st.lists(descriptions, min_size=2, max_size=10)},
+    {"type": st.just("score"), "criteria": st.lists(st.none() | descriptions, min_size=2, max_size=10)},
     optional={"instructions": instructions},
 )
 requests = st.fixed_dictionaries(

@@ -69,7 +69,6 @@ INVALID = [
     ("state with a number as a key", _with("state", {"a": {1: "x"}}), "state.a", "keys must be strings"),
     ("state nested too deep", _with("state", _nested(200)), "state.0.0.0", "deeper than 128 levels"),
     ("description nested too deep", _with("questions.tone.criteria", {"calm": _nested(130), "angry": None}), "questions.tone.criteria.calm", "deeper than 128"),
-    ("score level null", _with("questions.urgency.criteria", ["low", None]), "questions.urgency.criteria.1", ""),
     ("images", _with("images", ["aGk="]), "images", "not supported"),
     ("videos", _with("videos", ["aGk="]), "videos", "not supported"),
     ("assets", _with("assets", {"x": {"type": "image"}}), "assets", "not supported"),
@@ -95,6 +94,7 @@ ORIGINAL_ACCEPTS = [
     ("numeric noul criterion", _with("questions.billing.criteria", {"true": 1})),
     ("numeric choice description", _with("questions.tone.criteria", {"calm": 1.5, "angry": None})),
     ("numeric score level", _with("questions.urgency.criteria", [0, 10])),
+    ("null score level", _with("questions.urgency.criteria", ["low", None])),
     ("empty question id", _with("questions", {"": {"type": "noul", "instructions": "Is it?"}})),
     ("state nested 127 levels", _with("state", _nested(127))),
 ]

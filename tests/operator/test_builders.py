@@ -56,6 +56,8 @@ def test_predictor_contract() -> None:
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/clef/inductor"},
         {"name": "TRITON_CACHE_DIR", "value": "/var/cache/clef/triton"},
         {"name": "TRITON_CACHE_AUTOTUNING", "value": "1"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
         {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
     ]
     assert container["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
@@ -211,7 +213,7 @@ def test_controls_reach_the_predictor() -> None:
         autoscaling={"minReplicas": 1, "maxReplicas": 4, "scaleMetric": "concurrency", "scaleTarget": 8},
         serviceAccountName="clef-reader", imagePullSecrets=[{"name": "regcred"}], priorityClassName="serving",
         affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
-        predictor={"env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        predictor={"env": [{"name": "HF_HUB_OFFLINE", "value": "0"}],
                    "envFrom": [{"secretRef": {"name": "s3-credentials"}}]},
     )
     predictor = body["spec"]["predictor"]
@@ -222,7 +224,9 @@ def test_controls_reach_the_predictor() -> None:
     assert predictor["priorityClassName"] == "serving"
     assert set(predictor["affinity"]) == {"podAntiAffinity", "nodeAffinity"}
     container = predictor["containers"][0]
-    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
+    offline = [item for item in container["env"] if item["name"] == "HF_HUB_OFFLINE"]
+    assert offline == [{"name": "HF_HUB_OFFLINE", "value": "0"}]  # the user's value replaces the default, once
+    assert {"name": "TRANSFORMERS_OFFLINE", "value": "1"} in container["env"]
     assert container["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
 
 

@@ -58,10 +58,20 @@ def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) ->
     return start_server(tmp, command, port, env)
 
 
-def start_server(tmp: Path, command: list[str], port: int, env: dict[str, str] | None = None) -> Predictor:
-    """Start a predictor ``command`` listening on ``port``; return once it is ready (as :func:`start_predictor`)."""
+USER_ABSENT_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
+"""Settings a user of the card's command does not have: vLLM sizes its own cache and spawns its engine core."""
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""What an air-gapped machine sets: nothing may be looked up on the hub."""
+
+
+def start_server(
+    tmp: Path, command: list[str], port: int, env: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()
+) -> Predictor:
+    """Start a predictor ``command`` listening on ``port`` with ``env`` laid over this process's environment, less
+    ``drop_env``; return once it is ready (as :func:`start_predictor`)."""
     log_path, stdout_path = tmp / "server.log", tmp / "server.out"
-    full_env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), **(env or {})}
+    inherited = {name: value for name, value in os.environ.items() if name not in drop_env}
+    full_env = {**inherited, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), **(env or {})}
     with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=full_env)
     server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)
@@ -192,16 +202,17 @@ def predictor_env() -> Iterator[None]:
 def vllm_server(
     tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
 ) -> Iterator[Predictor]:
-    """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens, eager), started the FP8 model card's way
-    (``clef-systemone``): test_server_vllm.py and test_systemone_cli.py share it, one engine start for both."""
+    """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens) started the FP8 model card's way: the
+    installed ``clef-systemone``, offline, in a user's environment (vLLM's engine core in its own process, the KV
+    cache the predictor's default size). test_server_vllm.py and test_systemone_cli.py share it."""
     port = free_port()
     command = [
-        sys.executable, "-m", "predictor.systemone_cli",
+        str(Path(sys.executable).parent / "clef-systemone"),
         "--model", str(tiny_release), "--port", str(port), "--served-model-name", MODEL_NAME,
-        "--max-model-len", "512", "--enforce-eager", "--enable_grpc", "false",
-    ]
+        "--max-model-len", "512", "--enable_grpc", "false",
+    ]  # fmt: skip
     tmp = tmp_path_factory.mktemp("predictor-vllm")
-    running = start_server(tmp, command, port, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    running = start_server(tmp, command, port, env=OFFLINE_ENV, drop_env=USER_ABSENT_ENV)
     yield running
     assert stop(running) == 0, running.log()[-3000:]
 

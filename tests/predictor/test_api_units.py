@@ -131,12 +131,17 @@ def test_api_flags(tmp_path: Path) -> None:
 
     parser = argparse.ArgumentParser()
     add_api_args(parser)
+    parser.set_defaults(model_name="clef-flash")  # the predictor's parser has --model-name
     args = parser.parse_args([])
     assert (args.host, args.api_key_file, args.enable_model_repository, args.model_alias) == ("127.0.0.1", None, False, [])
-    assert request_policy(args) == RequestPolicy() and http_limits(args).max_header_bytes == 65536
+    assert request_policy(args) == RequestPolicy(aliases=("jev-latest",))  # the TypeSafe SDK's default, built in
+    assert http_limits(args).max_header_bytes == 65536
+    args.model_name = "jev-latest"
+    assert request_policy(args) == RequestPolicy()  # the served name is no alias of itself
     args = parser.parse_args(["--host", "0.0.0.0", "--model-alias", "a", "--model-alias", "b", "--state-overflow", "refuse",
                               "--accept-any-model-name", "--api-key-file", str(tmp_path / "missing")])
-    assert request_policy(args) == RequestPolicy(aliases=("a", "b"), accept_any_name=True, state_overflow="refuse")
+    expected = RequestPolicy(aliases=("a", "b", "jev-latest"), accept_any_name=True, state_overflow="refuse")
+    assert request_policy(args) == expected
     assert http_limits(args).host == "0.0.0.0"
     with pytest.raises(SystemExit):
         check_api_args(parser, args)

@@ -39,7 +39,8 @@ def test_demo_release_is_built_and_said_to_be_random(demo_server: Predictor) -> 
     assert (cache / "RANDOM_WEIGHTS.txt").is_file()
     assert "RANDOM WEIGHTS" in demo_server.log()
     with httpx.Client(base_url=demo_server.url, timeout=300) as client:
-        (model,) = client.get("/jev/v1/models").json()["models"]
+        model, alias = client.get("/jev/v1/models").json()["models"]
+        assert alias["name"] == "jev-latest"  # the TypeSafe SDK's default, always served
         assert model["name"] == MODEL_NAME and model["description"].startswith("RANDOM WEIGHTS")
         assert client.post("/v1/systemone", json=simple_request()).status_code == 200
 

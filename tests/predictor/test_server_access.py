@@ -12,7 +12,8 @@ import pytest
 from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
 
 KEY, SECOND_KEY, ENV_KEY = "key-one", "key-two", "key-from-env"
-ALIAS = "jev-latest"
+ALIAS = "clef-latest"
+SDK_DEFAULT = "jev-latest"  # served without a flag
 MAX_MODEL_LEN = 512
 
 
@@ -105,11 +106,13 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key=KEY, model=ALIAS, timeout=300) as client:
         answer = client.system_one("I was charged twice", questions)
         assert answer.model == ALIAS and answer.request_id
-        assert [model.name for model in client.models.list().models] == [MODEL_NAME]
+        assert [model.name for model in client.models.list().models] == [MODEL_NAME, ALIAS, SDK_DEFAULT]
         with pytest.raises(TypeSafeAPIError) as too_long:
             client.system_one("charged twice " * 4000, questions)
         assert too_long.value.status == 413
         assert "state: the state needs more than" in str(too_long.value) and f"{MAX_MODEL_LEN}-token prompt" in str(too_long.value)
+    with typesafe_sdk.TypeSafeClient(base_url=base, api_key=KEY, timeout=300) as client:  # the SDK's default model
+        assert client.system_one("I was charged twice", questions).model == SDK_DEFAULT
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key="wrong", model=ALIAS, timeout=300) as client:
         with pytest.raises(TypeSafeAuthenticationError) as refused:
             client.system_one("I was charged twice", questions)

@@ -90,13 +90,14 @@ def test_jev_base_path_serves_the_same_api(client: httpx.Client, single_answer: 
     assert response.status_code == 200
     assert_same_answer(response.json(), single_answer)
     models = client.get("/jev/v1/models").json()["models"]
-    assert [model["name"] for model in models] == [MODEL_NAME]
-    assert models[0]["description"].startswith("RANDOM WEIGHTS")
+    assert [model["name"] for model in models] == [MODEL_NAME, "jev-latest"]  # the model, then its aliases
+    assert models[0]["description"].startswith("RANDOM WEIGHTS") and models[1] == {**models[0], "name": "jev-latest"}
     assert len(models[0]["release_date"]) == 10
 
 
 def test_kserve_model_list_keeps_its_shape(client: httpx.Client) -> None:
-    assert client.get("/v1/models").json() == {"models": [MODEL_NAME]}
+    listed = client.get("/v1/models").json()
+    assert listed.keys() == {"models"} and sorted(listed["models"]) == ["clef-flash", "jev-latest"]  # KServe's own
 
 
 def test_kserve_v1_predict(client: httpx.Client, single_answer: dict) -> None:
@@ -152,7 +153,7 @@ def test_typesafe_sdk(server: Predictor, compression: str | bool) -> None:
         base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, compression=compression, timeout=300
     ) as client:
         models = client.models.list()
-        assert [model.name for model in models.models] == [MODEL_NAME]
+        assert [model.name for model in models.models] == [MODEL_NAME, "jev-latest"]
         response = client.system_one(
             long_state,
             {
@@ -491,6 +492,16 @@ def test_batch_answers_each_item_or_its_error(client: httpx.Client, single_answe
         assert "--max-batch-items" in response.json()["error"]["message"]
 
 
+def test_a_null_score_level_is_answered_as_the_original_answers_it(client: httpx.Client) -> None:
+    """A level without a description: an option of its own, echoed as null in the legend (the original's way)."""
+    body = simple_request()
+    body["questions"]["tone"]["criteria"] = ["calm", None, "angry"]
+    response = client.post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    tone = response.json()["answers"]["tone"]
+    assert tone["legend"] == {"0": "calm", "1": None, "2": "angry"} and set(tone["probabilities"]) == {"0", "1", "2"}
+
+
 def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server: Predictor) -> None:
     import typesafe_sdk
     from typesafe_sdk._core.errors import TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
@@ -502,10 +513,16 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
             client.system_one("hello", {"q": typesafe_sdk.Choice(criteria={"only": None})})
         assert "questions.q.criteria" in str(caught.value) and caught.value.request_id
         assert caught.value.body["detail"][0]["loc"] == ["body", "questions", "q", "criteria"]
-    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="jev-latest", timeout=300) as client:
+    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", timeout=300) as client:
+        assert client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")}).model == "jev-latest"
+        assert [model.name for model in client.models.list().models] == [MODEL_NAME, "jev-latest"]
+    other = typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="other", timeout=300)
+    with other as client:
         with pytest.raises(TypeSafeNotFoundError) as missing:
             client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
-        assert "model: model 'jev-latest' is not served here" in str(missing.value)
+        message = str(missing.value)
+        assert "model: model 'other' is not served here; this server serves 'clef-flash', 'jev-latest'" in message
+        assert "--model-alias" in message
 
 
 def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes, float]:

@@ -299,6 +299,32 @@ def test_the_warm_up_uses_the_fullest_schema_that_fits_and_refuses_a_length_no_r
     assert too_short.closed and too_short.calls == 0
 
 
+@pytest.mark.parametrize("engine_on_shutdown", ["never answers", "raises EngineDead"])
+def test_sigterm_during_warm_up_ends_it_quietly(engine_on_shutdown: str, tokenizer: Any) -> None:
+    """vLLM's engine core spawned: a closed engine never answers the warm-up's requests (the process hung);
+    in process: they raise EngineDead (a traceback). Either way the warm-up ends and start_engine returns."""
+    engine = FakeEngine(tokenizer)
+    exits: list[int] = []
+    model = _model(engine, exits)
+
+    async def scenario() -> None:
+        engine.gate.clear()
+        watching = asyncio.create_task(model.start_engine())
+        while not engine.calls:
+            await asyncio.sleep(0.01)
+        model.lifecycle.enter(Phase.DRAINING)  # what SIGTERM does first
+        if engine_on_shutdown == "raises EngineDead":
+            engine.dead = "the engine core is shutting down"
+            engine.gate.set()
+        else:
+            model.stop_engine()  # what KServe does once the shutdown delay is over
+        await asyncio.wait_for(watching, 5)
+
+    asyncio.run(scenario())
+    assert exits == [] and not model.lifecycle.ready
+    assert engine.closed == (engine_on_shutdown == "never answers")
+
+
 def test_engine_death_ends_the_process_within_five_seconds_and_in_flight_requests_get_503(tokenizer: Any) -> None:
     engine = FakeEngine(tokenizer)
     exits: list[int] = []

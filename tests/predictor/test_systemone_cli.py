@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -92,6 +93,18 @@ def card_server(vllm_server: Predictor) -> Predictor:
 
 
 @pytest.mark.vllm
+def test_card_command_starts_offline_with_vllms_cache_sized_for_its_sequences(card_server: Predictor) -> None:
+    """No hub look-up, an engine core process of its own, and a KV cache sized by the predictor that holds
+    vLLM's 128 sequences of --max-model-len tokens (vLLM's own default wanted 0.92 of the machine)."""
+    log = card_server.stdout() + card_server.log()  # vLLM logs on stdout
+    assert "EngineCore pid=" in log
+    assert "Setting attention block size to 384 tokens" in log  # what predictor.cpu_kv_cache counts with
+    assert re.search(r"vLLM CPU KV cache: 0\.0\d GiB per engine", log), log[-3000:]
+    concurrency = re.search(r"Maximum concurrency for 512 tokens per request: ([\d.]+)x", log)
+    assert concurrency is not None and 128 <= float(concurrency.group(1)) < 130, log[-3000:]
+
+
+@pytest.mark.vllm
 def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
     assert "engine: vllm" in card_server.log()
     assert "warm-up finished" in card_server.log_at_first_ready  # /health said 200 only after warm-up
@@ -109,3 +122,28 @@ def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
         assert client.get("/health").status_code == 200
         refused = client.post("/v1/systemone", json={**json.loads(CARD_CURL_BODY), "model": "other"})
         assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
+
+
+def test_help_states_the_true_host_default() -> None:
+    from predictor.server_limits import HttpLimits
+    from predictor.systemone_cli import DEFAULT_HOST
+
+    assert DEFAULT_HOST == HttpLimits().host == cli.build_parser().parse_args([]).host
+    help_text = " ".join(build_parser().format_help().split())
+    assert f"--host HOST address to listen on (default: {DEFAULT_HOST}, this machine only" in help_text
+    assert "all interfaces" not in help_text and "(default: None)" not in help_text.split("--host", 1)[1][:120]
+
+
+def test_predictor_help_lists_the_api_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("vllm")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setattr(FlexibleArgumentParser, "_search_keyword", None)  # --help=KEYWORD is kept on the class
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser().parse_args(["--help=predictor"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    for flag in ("--model-dir", "--api-key-file", "--model-alias", "--host", "--max-batch-items", "--encode-processes"):
+        assert flag in shown, flag

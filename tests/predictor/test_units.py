@@ -194,6 +194,23 @@ def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
     assert vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True).model == str(tmp_path)
 
 
+def test_engine_arguments_are_built_offline_without_the_hub(
+    tiny_release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HF_HUB_OFFLINE, vLLM resolves model and tokenizer through the hub's cache when its arguments are
+    built: they must already be the release folder (vLLM's default model id is cached nowhere offline)."""
+    pytest.importorskip("vllm")
+    import huggingface_hub
+
+    from predictor.cli import build_parser
+    from predictor.engine_args import vllm_engine_args
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tiny_release.parent / "empty-hub-cache"))
+    engine_args = vllm_engine_args(build_parser().parse_args([]), tiny_release, on_gpu=False)
+    assert engine_args.model == engine_args.tokenizer == str(tiny_release)
+
+
 def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
     from predictor.cli import build_parser, check_args
 
@@ -208,13 +225,21 @@ def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> N
         assert message in capsys.readouterr().err
 
 
-def test_a_max_model_len_no_request_fits_is_a_usage_error(tiny_release: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from predictor.cli import main
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_a_max_model_len_no_request_fits_is_a_usage_error_before_any_engine_is_built(
+    engine: str, tiny_release: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release's tokenizer.json (the tokenizers library) measures the shortest warm-up prompt (112 tokens)."""
+    from predictor import cli
 
+    def no_engine(*_: object) -> None:
+        raise AssertionError("an engine was built for a --max-model-len no request fits")
+
+    monkeypatch.setattr(cli, "build_engine", no_engine)
     with pytest.raises(SystemExit) as caught:
-        main(["--engine", "transformers", "--model-dir", str(tiny_release), "--max-model-len", "64"])
+        cli.main(["--engine", engine, "--model-dir", str(tiny_release), "--max-model-len", "100"])
     assert caught.value.code == 2
-    assert "--max-model-len 64 leaves no room for a System One request" in capsys.readouterr().err
+    assert "--max-model-len 100 leaves no room for a System One request" in capsys.readouterr().err
 
 
 def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
