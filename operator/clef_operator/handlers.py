@@ -33,6 +33,8 @@ from clef_operator.constants import (
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
 from clef_operator.reconcile import Outcome, Policy, reconcile
+from clef_operator.watch_healing import install as install_watch_healing
+from clef_operator.watch_healing import stale_streams
 
 LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
@@ -44,8 +46,19 @@ WATCH_SERVER_TIMEOUT = 300
 WATCH_CLIENT_TIMEOUT = 330
 CONNECT_TIMEOUT = 30
 REQUEST_TIMEOUT = 60
+# kopf retries a failed API call after each of these delays (its default waits up to 21 s between tries, so a
+# spec change made during an outage could wait that long after the API answers again); after the last one the
+# watch stream lists again (watch_healing).
+ERROR_BACKOFFS = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+# SIGTERM: kopf's own last resort when a graceful exit hangs (its default: 10 minutes).
+EXIT_TIMEOUT = 10.0
+# The liveness probe fails when a watch stream made no progress for this long beyond what a silent stream
+# (reconnected every inactivity timeout) and a stream retrying through an outage may take.
+LIVENESS_MARGIN = 60.0
 
 Key = tuple[str, str]
+
+install_watch_healing()  # before any watch starts: every watch failure ends in a new list, not an exit
 
 
 @dataclass
@@ -124,11 +137,36 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    if tuple(settings.networking.error_backoffs) == tuple(kopf.OperatorSettings().networking.error_backoffs):
+        settings.networking.error_backoffs = ERROR_BACKOFFS
+    exiting = settings.process.ultimate_exiting_timeout
+    settings.process.ultimate_exiting_timeout = min(exiting, EXIT_TIMEOUT) if exiting else EXIT_TIMEOUT
     settings.watching.server_timeout = settings.watching.server_timeout or WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = settings.watching.client_timeout or WATCH_CLIENT_TIMEOUT
     settings.watching.connect_timeout = settings.watching.connect_timeout or CONNECT_TIMEOUT
     settings.networking.connect_timeout = settings.networking.connect_timeout or CONNECT_TIMEOUT
     settings.networking.request_timeout = min(settings.networking.request_timeout or REQUEST_TIMEOUT, REQUEST_TIMEOUT)
+
+
+def liveness_limit(settings: kopf.OperatorSettings) -> float:
+    """Seconds without progress after which a watch stream counts as stuck."""
+    backoffs = settings.networking.error_backoffs
+    retrying = sum(backoffs) if isinstance(backoffs, tuple | list) else float(backoffs)
+    attempts = len(backoffs) + 1 if isinstance(backoffs, tuple | list) else 2
+    connect = settings.networking.connect_timeout or CONNECT_TIMEOUT
+    return settings.watching.inactivity_timeout + retrying + attempts * connect + LIVENESS_MARGIN
+
+
+@kopf.on.probe(id="watching")
+async def liveness(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """GET /healthz fails (HTTP 500) when a watch stream is stuck or the operator's scheduler has stopped."""
+    state = _state(memo)
+    stale = stale_streams(settings, asyncio.get_running_loop().time(), liveness_limit(settings))
+    if stale:
+        raise kopf.PermanentError(f"no progress on the watch streams of {', '.join(stale)}")
+    if state.task is not None and state.task.done():
+        raise kopf.PermanentError("the reconciliation scheduler has stopped")
+    return {"scheduler": "running" if state.task is not None else "not started"}
 
 
 @kopf.on.cleanup()

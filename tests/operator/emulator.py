@@ -20,6 +20,7 @@ import jsonpatch
 import kmock
 from kmock._internal import enums, references, rendering
 
+_CUT = "CUT"  # a bus item that ends watch streams (never sent to a client)
 _DISCOVERY_PREFIXES = ("/api", "/apis", "/version", "/openapi", "/healthz")
 
 
@@ -31,6 +32,27 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # Injected refusals: (METHOD, resource plural, object name) -> (HTTP status, message), as a quota or an
     # admission webhook would answer (the emulator has neither).
     refusals: dict[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict, init=False)
+    # An API outage: every request but the test's own is answered 503 while it is True (start_outage also
+    # ends the open watch streams, as an API server going away does).
+    outage: bool = attrs.field(default=False, init=False)
+
+    async def watch_error(self, plural: str, code: int, message: str = "injected") -> None:
+        """Send an ERROR event (a Status with ``code``) on every open watch stream of ``plural``."""
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                  "reason": "InternalError" if code >= 500 else "Expired", "message": message}
+        for resource, bus in list(self._buses.items()):
+            if resource.plural == plural:
+                await bus.put({"type": "ERROR", "object": status})
+
+    async def start_outage(self) -> None:
+        """Answer 503 to everything the operator sends and end its open watch streams (EOF)."""
+        self.outage = True
+        for bus in list(self._buses.values()):
+            await bus.put({"type": _CUT})
+
+    def end_outage(self) -> None:
+        """Answer again."""
+        self.outage = False
 
     def add_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CustomResourceDefinition's versions in discovery (as if the API server registered it)."""
@@ -75,7 +97,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             r for r in self._requests if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
         )
 
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and event.get("type") == _CUT:
+                return
+            yield event
+
     async def _handle(self, request: rendering.Request) -> Any:
+        if self.outage and not request.headers.get("User-Agent", "").startswith("kmock/"):
+            raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="the API is down")
         if request.resource is not None and request.resource.plural:
             name = request.name or (((request.data or {}).get("metadata") or {}).get("name")
                                     if isinstance(request.data, dict) else None)
