@@ -30,9 +30,10 @@ from clef_operator.constants import (
     PLURAL,
     VERSION,
 )
+from clef_operator.diffbase import DigestDiffBaseStorage
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
-from clef_operator.reconcile import Outcome, Policy, reconcile
+from clef_operator.reconcile import Event, Outcome, Policy, reconcile
 from clef_operator.watch_healing import install as install_watch_healing
 from clef_operator.watch_healing import stale_streams
 
@@ -46,6 +47,9 @@ WATCH_SERVER_TIMEOUT = 300
 WATCH_CLIENT_TIMEOUT = 330
 CONNECT_TIMEOUT = 30
 REQUEST_TIMEOUT = 60
+# An Event identical to one posted on the same ClefDecision this recently is not posted again (Kubernetes'
+# recorder aggregates repeats over the same window).
+EVENT_AGGREGATION_SECONDS = 600.0
 # kopf retries a failed API call after each of these delays (its default waits up to 21 s between tries, so a
 # spec change made during an outage could wait that long after the API answers again); after the last one the
 # watch stream lists again (watch_healing).
@@ -80,6 +84,22 @@ class OperatorState:
     decisions_index: kopf.Index[Key, dict[str, Any]] | None = None
     # InferenceService names held by others, by (namespace, name): the ClefDecision waiting for each.
     waiting_for: dict[Key, Key] = field(default_factory=dict)
+    # Events posted per ClefDecision uid: (type, reason, message) -> loop time, for aggregating repeats.
+    posted: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
+
+    def record(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
+        """Post each event unless the same one (type, reason, message) was posted on this object within
+        EVENT_AGGREGATION_SECONDS, as Kubernetes' event recorder aggregates repeats."""
+        now = asyncio.get_running_loop().time()
+        seen = self.posted.setdefault(body["metadata"].get("uid", ""), {})
+        for key in [key for key, when in seen.items() if now - when >= EVENT_AGGREGATION_SECONDS]:
+            del seen[key]
+        for event in events:
+            key = (event.type, event.reason, event.message)
+            if key in seen:
+                continue
+            seen[key] = now
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
 
     def schedule(self, key: Key, delay: float) -> None:
         """Reconcile ``key`` within ``delay`` seconds (an earlier due time stays)."""
@@ -133,9 +153,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
     _state(memo)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
     if tuple(settings.networking.error_backoffs) == tuple(kopf.OperatorSettings().networking.error_backoffs):
         settings.networking.error_backoffs = ERROR_BACKOFFS
@@ -229,8 +247,7 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
     except (ConflictError, ApiError):
         _retry_later(state, key)
         raise
-    for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
+    state.record(body, outcome.events)
     for name in outcome.conflicts:
         state.waiting_for[(key[0], name)] = key
     if outcome.failed or outcome.kserve_missing:
@@ -320,6 +337,7 @@ def forget_deleted(type: str | None, namespace: str, name: str, uid: str, memo: 
         state.last_status.pop(uid, None)
         state.due.pop((namespace, name), None)
         state.failures.pop((namespace, name), None)
+        state.posted.pop(uid, None)
 
 
 @kopf.on.event("nodes")

@@ -9,6 +9,7 @@ module only compares and calls. A failure on one pool is recorded on that pool; 
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ from clef_operator.status import (
 )
 
 Adopter = Callable[[dict[str, Any]], None]
+# The largest InferenceService the operator sends: etcd stores objects up to 1.5 MiB, and KServe adds its
+# defaults and status to what the operator writes.
+MAX_INFERENCESERVICE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,15 @@ async def _serve(
                                      variant=decision.variant, verified=decision.gpu.capability is not None,
                                      name=isvc_name)
     run.adopt(desired)
+    size = len(json.dumps(desired, separators=(",", ":")).encode())
+    limit = MAX_INFERENCESERVICE_BYTES
+    if size > limit:  # never sent: the API server would refuse it on every retry
+        message = (f"the InferenceService built from this spec would take {size} bytes, more than the "
+                   f"{limit} the operator sends (the API server stores at most 1.5 MiB "
+                   "per object): shorten spec.affinity, spec.predictor.compileCache, env, envFrom or extraArgs")
+        entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=message)
+        run.warn_once(pool.key, entry, "InferenceServiceTooLarge", f"node pool {pool.name}: {message}")
+        return entry
     try:
         if current is None:
             try:
