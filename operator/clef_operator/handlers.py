@@ -84,6 +84,8 @@ class OperatorState:
     decisions_index: kopf.Index[Key, dict[str, Any]] | None = None
     # InferenceService names held by others, by (namespace, name): the ClefDecision waiting for each.
     waiting_for: dict[Key, Key] = field(default_factory=dict)
+    # InferenceService names found held by another owner, by (namespace, name): (retry at, failed tries).
+    name_backoff: dict[Key, tuple[float, int]] = field(default_factory=dict)
     # Events posted per ClefDecision uid: (type, reason, message) -> loop time, for aggregating repeats.
     posted: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
 
@@ -237,9 +239,12 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
     try:
         async with lock:
             previous = state.last_status.get(uid) or _plain(body.get("status") or {})
+            now = asyncio.get_running_loop().time()
+            held = frozenset(name for (namespace, name), (until, _) in state.name_backoff.items()
+                             if namespace == key[0] and until > now)
             outcome = await reconcile(
                 body, nodes=nodes, api=state.api, previous_status=previous, policy=state.policy,
-                adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
+                adopt=lambda child: kopf.adopt(child, owner=body), held=held,  # type: ignore[arg-type]
             )
             if outcome.status != previous:
                 await state.api.patch_decision_status(key[0], key[1], outcome.status)
@@ -248,8 +253,7 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
         _retry_later(state, key)
         raise
     state.record(body, outcome.events)
-    for name in outcome.conflicts:
-        state.waiting_for[(key[0], name)] = key
+    _back_off_taken_names(state, key, outcome.conflicts, held)
     if outcome.failed or outcome.kserve_missing:
         _retry_later(state, key)
     else:
@@ -257,6 +261,25 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
         if outcome.requeue_after is not None:
             state.schedule(key, outcome.requeue_after)
     return outcome
+
+
+def _back_off_taken_names(state: OperatorState, key: Key, conflicts: Iterable[str], held: frozenset[str]) -> None:
+    """A name found taken again is tried after an exponential, capped backoff (its holder's deletion wakes
+    the waiting ClefDecision at once); a name no longer in conflict is forgotten."""
+    now = asyncio.get_running_loop().time()
+    wanted = set(conflicts)
+    for name in wanted:
+        state.waiting_for[(key[0], name)] = key
+        if name in held:
+            continue
+        _, tries = state.name_backoff.get((key[0], name), (0.0, 0))
+        delay = retry_delay(tries)
+        state.name_backoff[(key[0], name)] = (now + delay, tries + 1)
+        state.schedule(key, delay)
+    for taken in [taken for taken, owner in state.waiting_for.items()
+                  if owner == key and taken[1] not in wanted]:
+        state.waiting_for.pop(taken, None)
+        state.name_backoff.pop(taken, None)
 
 
 def _retry_later(state: OperatorState, key: Key) -> None:
@@ -391,6 +414,7 @@ async def inferenceservice_changed(
     if owner is not None:
         targets.append((namespace, owner["name"]))
     if type == "DELETED" and (namespace, name) in state.waiting_for:
+        state.name_backoff.pop((namespace, name), None)
         targets.append(state.waiting_for.pop((namespace, name)))
     for key in dict.fromkeys(targets):
         parent = next(iter(decisions.get(key, [])), None)

@@ -101,6 +101,7 @@ class _Pass:
     adopt: Adopter
     now: datetime.datetime
     previous: Mapping[tuple[str, str], Mapping[str, Any]]
+    held: frozenset[str] = frozenset()
     events: list[Event] = field(default_factory=list)
     requeue: list[float] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -121,8 +122,13 @@ async def reconcile(
     previous_status: Mapping[str, Any] | None = None,
     policy: Policy = Policy(),
     now: datetime.datetime | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> Outcome:
-    """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools."""
+    """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools.
+
+    ``held``: InferenceService names found taken by another owner whose backoff is still running; a pool
+    that wants one keeps its Conflict entry without a create attempt.
+    """
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     generation = meta.get("generation")
@@ -160,7 +166,7 @@ async def reconcile(
     names = assign_names(name, sorted(decisions), taken, spec.nodePools.labelKey)
     previous_entries = {(p.get("labelKey", ""), p.get("name", "")): p for p in previous.get("pools") or []}
     run = _Pass(api=api, name=name, namespace=namespace, uid=uid, spec=spec, adopt=adopt, now=moment,
-                previous=previous_entries)
+                previous=previous_entries, held=held)
 
     entries: list[dict[str, Any]] = []
     for key in sorted(decisions):
@@ -200,6 +206,11 @@ async def _serve(
         entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=message)
         run.warn_once(pool.key, entry, "InferenceServiceTooLarge", f"node pool {pool.name}: {message}")
         return entry
+    before = run.previous.get(pool.key) or {}
+    if current is None and isvc_name in run.held and before.get("state") == CONFLICT:
+        run.conflicts.append(isvc_name)  # still backing off: no POST, the same report
+        return build_pool_status(decision, state=CONFLICT, isvc_name=isvc_name, isvc=None,
+                                 message=before.get("predictorMessage"), predictor_reason=before.get("predictorReason"))
     try:
         if current is None:
             try:

@@ -1,0 +1,68 @@
+"""A quiet operator: refusals back off per object, owned-object events reconcile one pool's owner without a
+storm of passes, orphaned children are adopted back, Events are posted once per condition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
+
+NS = "ml"
+H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
+L4 = dict(product="NVIDIA-L4", family="ada-lovelace", major=8, minor=9)
+pytestmark = pytest.mark.timeout(180)
+
+
+def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec}}
+
+
+async def pool_entry(cluster: Cluster, pool: str, name: str = "clef") -> dict[str, Any]:
+    status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/{name}")).get("status") or {}
+    return next((p for p in status.get("pools") or [] if p["name"] == pool), {})
+
+
+async def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await cluster.items(f"/api/v1/namespaces/{NS}/events") if e.get("reason") == reason]
+
+
+async def test_taken_name_backs_off_instead_of_a_post_per_node_event(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 node events that each trigger a pass: one POST for the taken name (the backoff outlasts them), one
+    Warning, the pool Conflict throughout; the holder's deletion then frees the name at once."""
+    monkeypatch.setenv("CLEF_RETRY_BASE_SECONDS", "30")
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(ISVCS.format(ns=NS), {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+                                               "metadata": {"name": "clef-h100-pool", "namespace": NS}, "spec": {}})
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator():
+        await eventually(lambda: _state_is(cluster, "h100-pool", "Conflict"))
+        await eventually(lambda: events(cluster, "NameTaken"))
+        await asyncio.sleep(1.5)  # both the pool's Warning and the Ready condition's change are posted
+        warned = await events(cluster, "NameTaken")
+        for index in range(10):  # each changes what the nodes say about pools: a pass per event
+            await cluster.create(NODES, gpu_node(f"l4-{index}", "l4-pool", **L4))
+            await eventually(lambda: _nodes_are(cluster, "l4-pool", index + 1))
+        posts = Counter(cluster.emulator.operator_writes("inferenceservices"))
+        assert posts[("POST", "clef-h100-pool")] == 1
+        assert (await pool_entry(cluster, "h100-pool"))["state"] == "Conflict"
+        assert await events(cluster, "NameTaken") == warned  # said once, not once per pass
+        assert any(e["type"] == "Warning" and e["message"].startswith("node pool h100-pool: an InferenceService")
+                   for e in warned)
+        await cluster.delete(f"{ISVCS.format(ns=NS)}/clef-h100-pool")
+        await eventually(lambda: _state_is(cluster, "h100-pool", "Serving"), timeout=10)
+    assert len(await events(cluster, "NameTaken")) == len(warned)
+
+
+async def _state_is(cluster: Cluster, pool: str, state: str) -> bool:
+    return (await pool_entry(cluster, pool)).get("state") == state
+
+
+async def _nodes_are(cluster: Cluster, pool: str, count: int) -> bool:
+    return (await pool_entry(cluster, pool)).get("nodes") == count
