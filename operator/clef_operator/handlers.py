@@ -20,8 +20,10 @@ from typing import Any
 
 import kopf
 
+from clef_operator.builders import label_value
 from clef_operator.constants import (
     API_VERSION,
+    DECISION_LABEL,
     GROUP,
     KIND,
     KSERVE_GROUP,
@@ -47,6 +49,8 @@ WATCH_SERVER_TIMEOUT = 300
 WATCH_CLIENT_TIMEOUT = 330
 CONNECT_TIMEOUT = 30
 REQUEST_TIMEOUT = 60
+# Events of owned InferenceServices within this long of the first one cost one pass of their owner.
+OWNED_EVENT_COALESCE_SECONDS = 0.5
 # An Event identical to one posted on the same ClefDecision this recently is not posted again (Kubernetes'
 # recorder aggregates repeats over the same window).
 EVENT_AGGREGATION_SECONDS = 600.0
@@ -401,8 +405,9 @@ async def inferenceservice_changed(
     decisions: kopf.Index[Key, dict[str, Any]],
     **_: Any,
 ) -> None:
-    """Reconcile the owner of a changed InferenceService (readiness, URL, hand edits are repaired), and the
-    ClefDecision waiting for a deleted InferenceService's name (a freed name is taken at once)."""
+    """Schedule a pass of the owner of a changed InferenceService (readiness, URL, hand edits are repaired;
+    events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
+    one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
     state = _state(memo)
     _remember(state, memo, gpu_nodes, decisions)
     owner = next(
@@ -413,13 +418,15 @@ async def inferenceservice_changed(
     targets: list[Key] = []
     if owner is not None:
         targets.append((namespace, owner["name"]))
+    elif not body.metadata.get("ownerReferences") and (label := body.metadata.labels.get(DECISION_LABEL)):
+        # An owner reference stripped by hand: the ClefDecision of its label adopts it back.
+        targets += [key for key, _ in decisions.items() if key[0] == namespace and label_value(key[1]) == label]
     if type == "DELETED" and (namespace, name) in state.waiting_for:
         state.name_backoff.pop((namespace, name), None)
-        targets.append(state.waiting_for.pop((namespace, name)))
+        state.schedule(state.waiting_for.pop((namespace, name)), 0.0)  # a freed name is taken at once
     for key in dict.fromkeys(targets):
         parent = next(iter(decisions.get(key, [])), None)
-        if parent is None or (owner is not None and key == (namespace, owner["name"])
-                              and parent["metadata"].get("uid") != owner.get("uid")):
+        if parent is None or (owner is not None and parent["metadata"].get("uid") != owner.get("uid")):
             continue
-        with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
-            await _run(parent, memo, _gpu_nodes(gpu_nodes))
+        # Coalesced: KServe's status updates of many InferenceServices cost one pass of their owner.
+        state.schedule(key, OWNED_EVENT_COALESCE_SECONDS)

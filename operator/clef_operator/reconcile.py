@@ -77,6 +77,12 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
+def _orphaned(obj: Mapping[str, Any]) -> bool:
+    """Labelled as this ClefDecision's (it was listed by that label) but without any owner: its owner
+    reference was stripped. Adopted back by the repair patch, so that it never outlives the ClefDecision."""
+    return not (obj.get("metadata") or {}).get("ownerReferences")
+
+
 def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(label key, pool) an owned InferenceService serves, from its annotations (or its nodeSelector)."""
     meta = obj.get("metadata") or {}
@@ -157,7 +163,7 @@ async def reconcile(
     owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for obj in listed:
         key = _pool_key(obj)
-        if _owned_by(obj, uid) and key is not None:
+        if (_owned_by(obj, uid) or _orphaned(obj)) and key is not None:
             owned.setdefault(key, []).append(obj)
     for key in owned.keys() - decisions.keys():  # a pool whose nodes are all gone
         pool = NodePool(name=key[1], label_key=key[0], nodes=())

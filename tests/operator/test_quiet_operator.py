@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from clef_operator import handlers
 from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
 
 NS = "ml"
@@ -66,3 +67,64 @@ async def _state_is(cluster: Cluster, pool: str, state: str) -> bool:
 
 async def _nodes_are(cluster: Cluster, pool: str, count: int) -> bool:
     return (await pool_entry(cluster, pool)).get("nodes") == count
+
+
+def operator_lists(cluster: Cluster) -> int:
+    """InferenceService lists the operator sent: one per reconciliation pass."""
+    return sum(1 for r in cluster.emulator._requests
+               if not r.headers.get("User-Agent", "").startswith("kmock/") and str(r.method.value) == "GET"
+               and r.resource is not None and r.resource.plural == "inferenceservices" and r.name is None
+               and r.params.get("watch") not in ("true", "1"))
+
+
+async def test_status_updates_of_many_inferenceservices_are_coalesced(cluster: Cluster) -> None:
+    """KServe marks 40 InferenceServices Ready one after another: a handful of passes, not 40."""
+    pools = 40
+    for index in range(pools):
+        await cluster.create(NODES, gpu_node(f"h100-{index}", f"pool{index}", **H100))
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator():
+        async def created() -> list[dict[str, Any]] | None:
+            items = await cluster.items(ISVCS.format(ns=NS))
+            return items if len(items) == pools else None
+        items = await eventually(created, timeout=60)
+        await asyncio.sleep(1.5)
+        before = operator_lists(cluster)
+        ready = {"conditions": [{"type": "Ready", "status": "True"}], "url": "http://x"}
+        start = asyncio.get_running_loop().time()
+        for item in items:
+            await cluster.merge(f"{ISVCS.format(ns=NS)}/{item['metadata']['name']}/status", {"status": ready})
+        spread = asyncio.get_running_loop().time() - start
+
+        async def all_ready() -> bool:
+            status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")).get("status") or {}
+            return status.get("poolsReady") == f"{pools}/{pools}"
+        await eventually(all_ready, timeout=30)
+        await asyncio.sleep(1.5)
+        passes = operator_lists(cluster) - before
+    # At most one pass per coalescing window while the updates arrive (and one after), far fewer than updates.
+    assert 1 <= passes <= min(pools // 2, spread / handlers.OWNED_EVENT_COALESCE_SECONDS + 3), (passes, spread)
+
+
+async def test_stripped_owner_reference_is_restored_and_the_child_dies_with_its_owner(cluster: Cluster) -> None:
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    path = f"{ISVCS.format(ns=NS)}/clef-h100-pool"
+
+    async def owners() -> list[str]:
+        items = {i["metadata"]["name"]: i for i in await cluster.items(ISVCS.format(ns=NS))}
+        return [ref["name"] for ref in (items.get("clef-h100-pool", {}).get("metadata", {})
+                                        .get("ownerReferences") or [])]
+    async with running_operator():
+        await eventually(owners)
+        await cluster.request("PATCH", path, [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                              "application/json-patch+json")
+        assert await owners() == []
+        assert await eventually(owners, timeout=5) == ["clef"]  # at once, not at the next resync
+        assert (await pool_entry(cluster, "h100-pool"))["state"] == "Serving"
+        await cluster.delete(f"{DECISIONS.format(ns=NS)}/clef")
+        await eventually(lambda: _no_isvcs(cluster), timeout=10)
+
+
+async def _no_isvcs(cluster: Cluster) -> bool:
+    return not await cluster.items(ISVCS.format(ns=NS))

@@ -15,7 +15,7 @@ NS = "ml"
 POOLS = 50
 NODES_PER_POOL = 4
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 
 def decision(name: str) -> dict[str, Any]:
@@ -52,7 +52,7 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
         await cluster.create(DECISIONS.format(ns=NS), decision(name))
     async with running_operator():
         await eventually(lambda: _all_serving(cluster, names), timeout=180, interval=1.0)
-        await eventually(lambda: _quiet(cluster, 3.0), timeout=120)  # queued Events and patches have landed
+        await eventually(lambda: _quiet(cluster, 3.0), timeout=300)  # queued Events and patches have landed
         before = len(cluster.emulator.all_operator_writes())
         passes = len(cluster.emulator.served_requests())
         for node in range(0, POOLS * NODES_PER_POOL, 7):  # heartbeats and an unrelated label
