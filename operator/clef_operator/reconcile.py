@@ -188,7 +188,10 @@ async def reconcile(
             if entry is not None:
                 entries.append(entry)
 
-    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp)
+    present = {pool.name for pool in pools}
+    missing = [pool for pool in spec.nodePools.include if pool not in present]
+    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp,
+                          missing=missing)
     events = _transition_events(previous, status) + run.events
     return Outcome(status=status, events=events, failed=run.failed, conflicts=run.conflicts,
                    requeue_after=min(run.requeue) if run.requeue else None)

@@ -128,3 +128,16 @@ async def test_stripped_owner_reference_is_restored_and_the_child_dies_with_its_
 
 async def _no_isvcs(cluster: Cluster) -> bool:
     return not await cluster.items(ISVCS.format(ns=NS))
+
+
+async def test_an_included_pool_that_does_not_exist_is_named(cluster: Cluster) -> None:
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(DECISIONS.format(ns=NS), decision(nodePools={"include": ["no-such-pool"]}))
+
+    async def ready() -> dict[str, Any] | None:
+        status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+    async with running_operator():
+        condition = await eventually(ready)
+    assert condition["status"] == "False"
+    assert condition["message"].endswith("spec.nodePools.include names pools that no GPU node carries: no-such-pool")
