@@ -420,7 +420,7 @@ async def inferenceservice_changed(
         targets.append((namespace, owner["name"]))
     elif not body.metadata.get("ownerReferences") and (label := body.metadata.labels.get(DECISION_LABEL)):
         # An owner reference stripped by hand: the ClefDecision of its label adopts it back.
-        targets += [key for key, _ in decisions.items() if key[0] == namespace and label_value(key[1]) == label]
+        targets += [key for key in decisions if key[0] == namespace and label_value(key[1]) == label]
     if type == "DELETED" and (namespace, name) in state.waiting_for:
         state.name_backoff.pop((namespace, name), None)
         state.schedule(state.waiting_for.pop((namespace, name)), 0.0)  # a freed name is taken at once

@@ -49,7 +49,7 @@ async def test_taken_name_backs_off_instead_of_a_post_per_node_event(
         warned = await events(cluster, "NameTaken")
         for index in range(10):  # each changes what the nodes say about pools: a pass per event
             await cluster.create(NODES, gpu_node(f"l4-{index}", "l4-pool", **L4))
-            await eventually(lambda: _nodes_are(cluster, "l4-pool", index + 1))
+            await eventually(lambda count=index + 1: _nodes_are(cluster, "l4-pool", count))
         posts = Counter(cluster.emulator.operator_writes("inferenceservices"))
         assert posts[("POST", "clef-h100-pool")] == 1
         assert (await pool_entry(cluster, "h100-pool"))["state"] == "Conflict"

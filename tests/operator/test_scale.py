@@ -52,6 +52,7 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
         await cluster.create(DECISIONS.format(ns=NS), decision(name))
     async with running_operator():
         await eventually(lambda: _all_serving(cluster, names), timeout=180, interval=1.0)
+        assert len(await cluster.items(ISVCS.format(ns=NS))) == POOLS * len(names)
         await eventually(lambda: _quiet(cluster, 3.0), timeout=300)  # queued Events and patches have landed
         before = len(cluster.emulator.all_operator_writes())
         passes = len(cluster.emulator.served_requests())
@@ -67,4 +68,3 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
         print(f"steady state: {len(after)} writes over {len(lists)} InferenceService lists (passes): {Counter(posted)}")
     assert len(lists) >= 3 * len(names)  # passes did run
     assert Counter(after) == Counter()
-    assert len(await cluster.items(ISVCS.format(ns=NS))) == POOLS * len(names)
