@@ -118,7 +118,7 @@ def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Varian
         dp=str(gpus),
         max_model_len=str(spec.predictor.maxModelLen),
         resources=build_resources(spec, gpus),
-        env=[{"name": "STORAGE_URI", "value": chosen.storageUri}, *spec.predictor.env],
+        env=[{"name": "STORAGE_URI", "value": chosen.storageUri}, *(var.model_dump(exclude_none=True) for var in spec.predictor.env)],
         extra_args=spec.predictor.extraArgs,
         api_key_file=spec.predictor.apiKeySecret is not None,
         startup_period=spec.predictor.startupProbe.periodSeconds,
@@ -225,11 +225,11 @@ def build_inferenceservice(
     if affinity:
         predictor["affinity"] = affinity
     if spec.tolerations:
-        predictor["tolerations"] = [dict(toleration) for toleration in spec.tolerations]
+        predictor["tolerations"] = [toleration.model_dump(exclude_none=True) for toleration in spec.tolerations]
     if spec.serviceAccountName:
         predictor["serviceAccountName"] = spec.serviceAccountName
     if spec.imagePullSecrets:
-        predictor["imagePullSecrets"] = [dict(secret) for secret in spec.imagePullSecrets]
+        predictor["imagePullSecrets"] = [secret.model_dump() for secret in spec.imagePullSecrets]
     if spec.priorityClassName:
         predictor["priorityClassName"] = spec.priorityClassName
     security_context = build_pod_security_context(spec)

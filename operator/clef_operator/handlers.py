@@ -20,8 +20,10 @@ from typing import Any
 
 import kopf
 
+from clef_operator.builders import label_value
 from clef_operator.constants import (
     API_VERSION,
+    DECISION_LABEL,
     GROUP,
     KIND,
     KSERVE_GROUP,
@@ -30,9 +32,12 @@ from clef_operator.constants import (
     PLURAL,
     VERSION,
 )
+from clef_operator.diffbase import DigestDiffBaseStorage
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
-from clef_operator.reconcile import Outcome, Policy, reconcile
+from clef_operator.reconcile import Event, Outcome, Policy, reconcile
+from clef_operator.watch_healing import install as install_watch_healing
+from clef_operator.watch_healing import stale_streams
 
 LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
@@ -44,8 +49,24 @@ WATCH_SERVER_TIMEOUT = 300
 WATCH_CLIENT_TIMEOUT = 330
 CONNECT_TIMEOUT = 30
 REQUEST_TIMEOUT = 60
+# Events of owned InferenceServices within this long of the first one cost one pass of their owner.
+OWNED_EVENT_COALESCE_SECONDS = 0.5
+# An Event identical to one posted on the same ClefDecision this recently is not posted again (Kubernetes'
+# recorder aggregates repeats over the same window).
+EVENT_AGGREGATION_SECONDS = 600.0
+# kopf retries a failed API call after each of these delays (its default waits up to 21 s between tries, so a
+# spec change made during an outage could wait that long after the API answers again); after the last one the
+# watch stream lists again (watch_healing).
+ERROR_BACKOFFS = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+# SIGTERM: kopf's own last resort when a graceful exit hangs (its default: 10 minutes).
+EXIT_TIMEOUT = 10.0
+# The liveness probe fails when a watch stream made no progress for this long beyond what a silent stream
+# (reconnected every inactivity timeout) and a stream retrying through an outage may take.
+LIVENESS_MARGIN = 60.0
 
 Key = tuple[str, str]
+
+install_watch_healing()  # before any watch starts: every watch failure ends in a new list, not an exit
 
 
 @dataclass
@@ -67,6 +88,24 @@ class OperatorState:
     decisions_index: kopf.Index[Key, dict[str, Any]] | None = None
     # InferenceService names held by others, by (namespace, name): the ClefDecision waiting for each.
     waiting_for: dict[Key, Key] = field(default_factory=dict)
+    # InferenceService names found held by another owner, by (namespace, name): (retry at, failed tries).
+    name_backoff: dict[Key, tuple[float, int]] = field(default_factory=dict)
+    # Events posted per ClefDecision uid: (type, reason, message) -> loop time, for aggregating repeats.
+    posted: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
+
+    def record(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
+        """Post each event unless the same one (type, reason, message) was posted on this object within
+        EVENT_AGGREGATION_SECONDS, as Kubernetes' event recorder aggregates repeats."""
+        now = asyncio.get_running_loop().time()
+        seen = self.posted.setdefault(body["metadata"].get("uid", ""), {})
+        for key in [key for key, when in seen.items() if now - when >= EVENT_AGGREGATION_SECONDS]:
+            del seen[key]
+        for event in events:
+            key = (event.type, event.reason, event.message)
+            if key in seen:
+                continue
+            seen[key] = now
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
 
     def schedule(self, key: Key, delay: float) -> None:
         """Reconcile ``key`` within ``delay`` seconds (an earlier due time stays)."""
@@ -120,15 +159,38 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
     _state(memo)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
+    if tuple(settings.networking.error_backoffs) == tuple(kopf.OperatorSettings().networking.error_backoffs):
+        settings.networking.error_backoffs = ERROR_BACKOFFS
+    exiting = settings.process.ultimate_exiting_timeout
+    settings.process.ultimate_exiting_timeout = min(exiting, EXIT_TIMEOUT) if exiting else EXIT_TIMEOUT
     settings.watching.server_timeout = settings.watching.server_timeout or WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = settings.watching.client_timeout or WATCH_CLIENT_TIMEOUT
     settings.watching.connect_timeout = settings.watching.connect_timeout or CONNECT_TIMEOUT
     settings.networking.connect_timeout = settings.networking.connect_timeout or CONNECT_TIMEOUT
     settings.networking.request_timeout = min(settings.networking.request_timeout or REQUEST_TIMEOUT, REQUEST_TIMEOUT)
+
+
+def liveness_limit(settings: kopf.OperatorSettings) -> float:
+    """Seconds without progress after which a watch stream counts as stuck."""
+    backoffs = settings.networking.error_backoffs
+    retrying = sum(backoffs) if isinstance(backoffs, tuple | list) else float(backoffs)
+    attempts = len(backoffs) + 1 if isinstance(backoffs, tuple | list) else 2
+    connect = settings.networking.connect_timeout or CONNECT_TIMEOUT
+    return settings.watching.inactivity_timeout + retrying + attempts * connect + LIVENESS_MARGIN
+
+
+@kopf.on.probe(id="watching")
+async def liveness(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """GET /healthz fails (HTTP 500) when a watch stream is stuck or the operator's scheduler has stopped."""
+    state = _state(memo)
+    stale = stale_streams(settings, asyncio.get_running_loop().time(), liveness_limit(settings))
+    if stale:
+        raise kopf.PermanentError(f"no progress on the watch streams of {', '.join(stale)}")
+    if state.task is not None and state.task.done():
+        raise kopf.PermanentError("the reconciliation scheduler has stopped")
+    return {"scheduler": "running" if state.task is not None else "not started"}
 
 
 @kopf.on.cleanup()
@@ -181,9 +243,12 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
     try:
         async with lock:
             previous = state.last_status.get(uid) or _plain(body.get("status") or {})
+            now = asyncio.get_running_loop().time()
+            held = frozenset(name for (namespace, name), (until, _) in state.name_backoff.items()
+                             if namespace == key[0] and until > now)
             outcome = await reconcile(
                 body, nodes=nodes, api=state.api, previous_status=previous, policy=state.policy,
-                adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
+                adopt=lambda child: kopf.adopt(child, owner=body), held=held,  # type: ignore[arg-type]
             )
             if outcome.status != previous:
                 await state.api.patch_decision_status(key[0], key[1], outcome.status)
@@ -191,10 +256,8 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
     except (ConflictError, ApiError):
         _retry_later(state, key)
         raise
-    for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
-    for name in outcome.conflicts:
-        state.waiting_for[(key[0], name)] = key
+    state.record(body, outcome.events)
+    _back_off_taken_names(state, key, outcome.conflicts, held)
     if outcome.failed or outcome.kserve_missing:
         _retry_later(state, key)
     else:
@@ -202,6 +265,25 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
         if outcome.requeue_after is not None:
             state.schedule(key, outcome.requeue_after)
     return outcome
+
+
+def _back_off_taken_names(state: OperatorState, key: Key, conflicts: Iterable[str], held: frozenset[str]) -> None:
+    """A name found taken again is tried after an exponential, capped backoff (its holder's deletion wakes
+    the waiting ClefDecision at once); a name no longer in conflict is forgotten."""
+    now = asyncio.get_running_loop().time()
+    wanted = set(conflicts)
+    for name in wanted:
+        state.waiting_for[(key[0], name)] = key
+        if name in held:
+            continue
+        _, tries = state.name_backoff.get((key[0], name), (0.0, 0))
+        delay = retry_delay(tries)
+        state.name_backoff[(key[0], name)] = (now + delay, tries + 1)
+        state.schedule(key, delay)
+    for taken in [taken for taken, owner in state.waiting_for.items()
+                  if owner == key and taken[1] not in wanted]:
+        state.waiting_for.pop(taken, None)
+        state.name_backoff.pop(taken, None)
 
 
 def _retry_later(state: OperatorState, key: Key) -> None:
@@ -282,6 +364,7 @@ def forget_deleted(type: str | None, namespace: str, name: str, uid: str, memo: 
         state.last_status.pop(uid, None)
         state.due.pop((namespace, name), None)
         state.failures.pop((namespace, name), None)
+        state.posted.pop(uid, None)
 
 
 @kopf.on.event("nodes")
@@ -322,8 +405,9 @@ async def inferenceservice_changed(
     decisions: kopf.Index[Key, dict[str, Any]],
     **_: Any,
 ) -> None:
-    """Reconcile the owner of a changed InferenceService (readiness, URL, hand edits are repaired), and the
-    ClefDecision waiting for a deleted InferenceService's name (a freed name is taken at once)."""
+    """Schedule a pass of the owner of a changed InferenceService (readiness, URL, hand edits are repaired;
+    events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
+    one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
     state = _state(memo)
     _remember(state, memo, gpu_nodes, decisions)
     owner = next(
@@ -334,12 +418,15 @@ async def inferenceservice_changed(
     targets: list[Key] = []
     if owner is not None:
         targets.append((namespace, owner["name"]))
+    elif not body.metadata.get("ownerReferences") and (label := body.metadata.labels.get(DECISION_LABEL)):
+        # An owner reference stripped by hand: the ClefDecision of its label adopts it back.
+        targets += [key for key in decisions if key[0] == namespace and label_value(key[1]) == label]
     if type == "DELETED" and (namespace, name) in state.waiting_for:
-        targets.append(state.waiting_for.pop((namespace, name)))
+        state.name_backoff.pop((namespace, name), None)
+        state.schedule(state.waiting_for.pop((namespace, name)), 0.0)  # a freed name is taken at once
     for key in dict.fromkeys(targets):
         parent = next(iter(decisions.get(key, [])), None)
-        if parent is None or (owner is not None and key == (namespace, owner["name"])
-                              and parent["metadata"].get("uid") != owner.get("uid")):
+        if parent is None or (owner is not None and parent["metadata"].get("uid") != owner.get("uid")):
             continue
-        with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
-            await _run(parent, memo, _gpu_nodes(gpu_nodes))
+        # Coalesced: KServe's status updates of many InferenceServices cost one pass of their owner.
+        state.schedule(key, OWNED_EVENT_COALESCE_SECONDS)

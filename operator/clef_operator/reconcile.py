@@ -9,6 +9,7 @@ module only compares and calls. A failure on one pool is recorded on that pool; 
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ from clef_operator.status import (
 )
 
 Adopter = Callable[[dict[str, Any]], None]
+# The largest InferenceService the operator sends: etcd stores objects up to 1.5 MiB, and KServe adds its
+# defaults and status to what the operator writes.
+MAX_INFERENCESERVICE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,12 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
+def _orphaned(obj: Mapping[str, Any]) -> bool:
+    """Labelled as this ClefDecision's (it was listed by that label) but without any owner: its owner
+    reference was stripped. Adopted back by the repair patch, so that it never outlives the ClefDecision."""
+    return not (obj.get("metadata") or {}).get("ownerReferences")
+
+
 def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(label key, pool) an owned InferenceService serves, from its annotations (or its nodeSelector)."""
     meta = obj.get("metadata") or {}
@@ -97,6 +107,7 @@ class _Pass:
     adopt: Adopter
     now: datetime.datetime
     previous: Mapping[tuple[str, str], Mapping[str, Any]]
+    held: frozenset[str] = frozenset()
     events: list[Event] = field(default_factory=list)
     requeue: list[float] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -117,8 +128,13 @@ async def reconcile(
     previous_status: Mapping[str, Any] | None = None,
     policy: Policy = Policy(),
     now: datetime.datetime | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> Outcome:
-    """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools."""
+    """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools.
+
+    ``held``: InferenceService names found taken by another owner whose backoff is still running; a pool
+    that wants one keeps its Conflict entry without a create attempt.
+    """
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     generation = meta.get("generation")
@@ -147,7 +163,7 @@ async def reconcile(
     owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for obj in listed:
         key = _pool_key(obj)
-        if _owned_by(obj, uid) and key is not None:
+        if (_owned_by(obj, uid) or _orphaned(obj)) and key is not None:
             owned.setdefault(key, []).append(obj)
     for key in owned.keys() - decisions.keys():  # a pool whose nodes are all gone
         pool = NodePool(name=key[1], label_key=key[0], nodes=())
@@ -156,7 +172,7 @@ async def reconcile(
     names = assign_names(name, sorted(decisions), taken, spec.nodePools.labelKey)
     previous_entries = {(p.get("labelKey", ""), p.get("name", "")): p for p in previous.get("pools") or []}
     run = _Pass(api=api, name=name, namespace=namespace, uid=uid, spec=spec, adopt=adopt, now=moment,
-                previous=previous_entries)
+                previous=previous_entries, held=held)
 
     entries: list[dict[str, Any]] = []
     for key in sorted(decisions):
@@ -172,7 +188,10 @@ async def reconcile(
             if entry is not None:
                 entries.append(entry)
 
-    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp)
+    present = {pool.name for pool in pools}
+    missing = [pool for pool in spec.nodePools.include if pool not in present]
+    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp,
+                          missing=missing)
     events = _transition_events(previous, status) + run.events
     return Outcome(status=status, events=events, failed=run.failed, conflicts=run.conflicts,
                    requeue_after=min(run.requeue) if run.requeue else None)
@@ -187,6 +206,20 @@ async def _serve(
                                      variant=decision.variant, verified=decision.gpu.capability is not None,
                                      name=isvc_name)
     run.adopt(desired)
+    size = len(json.dumps(desired, separators=(",", ":")).encode())
+    limit = MAX_INFERENCESERVICE_BYTES
+    if size > limit:  # never sent: the API server would refuse it on every retry
+        message = (f"the InferenceService built from this spec would take {size} bytes, more than the "
+                   f"{limit} the operator sends (the API server stores at most 1.5 MiB "
+                   "per object): shorten spec.affinity, spec.predictor.compileCache, env, envFrom or extraArgs")
+        entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=message)
+        run.warn_once(pool.key, entry, "InferenceServiceTooLarge", f"node pool {pool.name}: {message}")
+        return entry
+    before = run.previous.get(pool.key) or {}
+    if current is None and isvc_name in run.held and before.get("state") == CONFLICT:
+        run.conflicts.append(isvc_name)  # still backing off: no POST, the same report
+        return build_pool_status(decision, state=CONFLICT, isvc_name=isvc_name, isvc=None,
+                                 message=before.get("predictorMessage"), predictor_reason=before.get("predictorReason"))
     try:
         if current is None:
             try:

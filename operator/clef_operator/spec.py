@@ -21,7 +21,9 @@ from clef_contract.predictor import COMPILE_CACHE_VOLUME
 
 STORAGE_URI_PATTERN = r"^(pvc|s3|gs|hf|oci)://.+"
 MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
-CAPABILITY_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
+# MAJOR.MINOR with a one-digit minor, as NVIDIA numbers them (8.9, 9.0, 10.0, 12.0): read as a number by the
+# CRD's CEL rules and as (major, minor) here, two readings that agree only when the minor has one digit.
+CAPABILITY_PATTERN = r"^[0-9]{1,2}\.[0-9]$"
 DEFAULT_PREDICTOR_IMAGE = "ghcr.io/clef-serving/clef-predictor:0.1.0"
 PREDICTOR_IMAGE_ENV = "CLEF_PREDICTOR_IMAGE"
 
@@ -53,8 +55,46 @@ CACHE_VOLUME_SOURCES: tuple[str, ...] = (
 DEFAULT_COMPILE_CACHE: dict[str, Any] = {"emptyDir": {}}
 
 
+# Caps on the free-form fields, the same in the CRD: with them every accepted ClefDecision yields an
+# InferenceService far below the API server's object limit.
+MAX_EXTRA_ARGS = 64
+MAX_ARG_LENGTH = 2048
+MAX_ENV = 64
+MAX_ENV_NAME = 256
+MAX_ENV_VALUE = 8192
+MAX_ENV_FROM = 16
+MAX_TOLERATIONS = 32
+MAX_PULL_SECRETS = 16
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion the API server would not do (the CRD refuses maxModelLen: "8192", pydantic's lax
+    # mode would read it as 8192).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration, with the CRD's enums."""
+
+    key: str | None = Field(default=None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+
+class EnvVar(_Model):
+    """A Kubernetes EnvVar: name and value checked, valueFrom passed through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    name: str = Field(min_length=1, max_length=MAX_ENV_NAME)
+    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE)
+
+
+class PullSecret(_Model):
+    """A reference to an image pull Secret."""
+
+    name: str = Field(min_length=1, max_length=253)
 
 
 class Variant(_Model):
@@ -110,10 +150,10 @@ class NodePoolSelection(_Model):
     """How GPU node pools are found and which of them are considered."""
 
     labelKey: str | None = Field(default=None, min_length=1, max_length=316)
-    include: list[str] = Field(default_factory=list)
-    exclude: list[str] = Field(default_factory=list)
+    include: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=256)
+    exclude: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=256)
     removalGracePeriod: str = Field(default=DEFAULT_REMOVAL_GRACE, pattern=DURATION_PATTERN, min_length=2)
-    declared: list[DeclaredPool] = Field(default_factory=list)
+    declared: list[DeclaredPool] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _disjoint(self) -> NodePoolSelection:
@@ -205,21 +245,14 @@ class Predictor(_Model):
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
     resources: dict[Literal["requests", "limits"], dict[str, Quantity]] = Field(default_factory=dict)
     maxModelLen: int = Field(default=8192, ge=256, le=1_048_576)
-    extraArgs: list[str] = Field(default_factory=list)
+    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(default_factory=list,
+                                                                             max_length=MAX_EXTRA_ARGS)
     shmSize: str = Field(default=DEFAULT_SHM_SIZE, pattern=QUANTITY_PATTERN)
     startupProbe: StartupBudget = Field(default_factory=StartupBudget)
     compileCache: dict[str, Any] = Field(default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE))
-    env: list[dict[str, Any]] = Field(default_factory=list)
-    envFrom: list[dict[str, Any]] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV)
+    envFrom: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_ENV_FROM)
     apiKeySecret: ApiKeySecret | None = None
-
-    @field_validator("env")
-    @classmethod
-    def _named_env(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for index, item in enumerate(value):
-            if not isinstance(item.get("name"), str) or not item["name"]:
-                raise ValueError(f"[{index}] needs a name")
-        return value
 
     @field_validator("compileCache")
     @classmethod
@@ -259,12 +292,12 @@ class ClefDecisionSpec(_Model):
     nodePools: NodePoolSelection = Field(default_factory=NodePoolSelection)
     replicas: int = Field(default=1, ge=1, le=1000)
     gpusPerReplica: int = Field(default=1, ge=1, le=16)
-    poolOverrides: list[PoolOverride] = Field(default_factory=list)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    poolOverrides: list[PoolOverride] = Field(default_factory=list, max_length=256)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
     autoscaling: Autoscaling | None = None
     affinity: dict[str, Any] = Field(default_factory=dict)
     serviceAccountName: str | None = Field(default=None, min_length=1, max_length=253)
-    imagePullSecrets: list[dict[str, str]] = Field(default_factory=list)
+    imagePullSecrets: list[PullSecret] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
     priorityClassName: str | None = Field(default=None, min_length=1, max_length=253)
     predictor: Predictor = Field(default_factory=Predictor)
     deploymentMode: Literal["Standard", "Knative"] = "Standard"
@@ -279,6 +312,9 @@ class ClefDecisionSpec(_Model):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"poolOverrides lists a pool more than once: {', '.join(duplicates)}")
+        excluded = sorted(set(names) & set(self.nodePools.exclude))
+        if excluded:
+            raise ValueError(f"poolOverrides names a pool that nodePools.exclude excludes: {', '.join(excluded)}")
         if "requiredDuringSchedulingIgnoredDuringExecution" in (self.affinity.get("nodeAffinity") or {}):
             raise ValueError("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "
                              "operator (pool and compute capability); use preferred node affinity or pod affinity")

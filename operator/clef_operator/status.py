@@ -123,6 +123,7 @@ def build_status(
     invalid_spec: str | None = None,
     previous: Mapping[str, Any] | None = None,
     now: str,
+    missing: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The whole status: pools, ready/total counts, conditions, observedGeneration.
 
@@ -139,6 +140,9 @@ def build_status(
         ready_cond = ("False", INVALID_SPEC, invalid_spec)
     else:
         pools_cond = _pools_condition(pools, eligible, degraded, unpooled)
+        if missing:  # named in spec.nodePools.include, found nowhere
+            pools_cond = (pools_cond[0], pools_cond[1], f"{pools_cond[2]}; spec.nodePools.include names pools "
+                          f"that no GPU node carries: {', '.join(missing)}")
         predictors_cond = _predictors_condition(eligible, ready, kserve_installed)
         if pools_cond[0] == "True" and predictors_cond[0] == "True":
             ready_cond = ("True", READY, f"{len(ready)}/{len(eligible)} predictors ready")

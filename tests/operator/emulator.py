@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,6 +21,10 @@ import jsonpatch
 import kmock
 from kmock._internal import enums, references, rendering
 
+# A real API server's limits: all annotations of an object together (key + value bytes), and what etcd stores.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+MAX_OBJECT_BYTES = 1_572_864
+_CUT = "CUT"  # a bus item that ends watch streams (never sent to a client)
 _DISCOVERY_PREFIXES = ("/api", "/apis", "/version", "/openapi", "/healthz")
 
 
@@ -31,6 +36,27 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # Injected refusals: (METHOD, resource plural, object name) -> (HTTP status, message), as a quota or an
     # admission webhook would answer (the emulator has neither).
     refusals: dict[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict, init=False)
+    # An API outage: every request but the test's own is answered 503 while it is True (start_outage also
+    # ends the open watch streams, as an API server going away does).
+    outage: bool = attrs.field(default=False, init=False)
+
+    async def watch_error(self, plural: str, code: int, message: str = "injected") -> None:
+        """Send an ERROR event (a Status with ``code``) on every open watch stream of ``plural``."""
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                  "reason": "InternalError" if code >= 500 else "Expired", "message": message}
+        for resource, bus in list(self._buses.items()):
+            if resource.plural == plural:
+                await bus.put({"type": "ERROR", "object": status})
+
+    async def start_outage(self) -> None:
+        """Answer 503 to everything the operator sends and end its open watch streams (EOF)."""
+        self.outage = True
+        for bus in list(self._buses.values()):
+            await bus.put({"type": _CUT})
+
+    def end_outage(self) -> None:
+        """Answer again."""
+        self.outage = False
 
     def add_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CustomResourceDefinition's versions in discovery (as if the API server registered it)."""
@@ -66,6 +92,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 writes.append((method, str(name or "")))
         return writes
 
+    def all_operator_writes(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> list[tuple[str, str]]:
+        """(METHOD, path) of every write the operator (not the test) sent, to any resource or subresource."""
+        return [(str(r.method.value), str(r.url.path)) for r in self._requests
+                if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
+                and str(r.method.value) in ("POST", "PATCH", "PUT", "DELETE")]
+
     def rbac_requests(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> set[tuple[str, str, str]]:
         """The (apiGroup, resource[/subresource], verb) triples the served requests need.
 
@@ -75,7 +107,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             r for r in self._requests if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
         )
 
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and event.get("type") == _CUT:
+                return
+            yield event
+
     async def _handle(self, request: rendering.Request) -> Any:
+        if self.outage and not request.headers.get("User-Agent", "").startswith("kmock/"):
+            raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="the API is down")
         if request.resource is not None and request.resource.plural:
             name = request.name or (((request.data or {}).get("metadata") or {}).get("name")
                                     if isinstance(request.data, dict) else None)
@@ -96,6 +136,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         version = str(next(self._versions))  # type: ignore[call-overload]
         data = request.data
         if request.action == enums.action.CREATE and isinstance(data, dict):
+            _check_limits(data)
             meta = data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
@@ -112,7 +153,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         has_status = "status" in self._subresources(request.resource)
         if isinstance(data, list):
             try:
-                jsonpatch.apply_patch(raw, data, in_place=False)
+                _check_limits(jsonpatch.apply_patch(raw, data, in_place=False))
             except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as exc:
                 message = f"testing value failed: test failed: {exc}"
                 raise kmock.KubernetesError(status=422, reason="Invalid", message=message) from None
@@ -120,6 +161,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 data.append({"op": "add", "path": "/metadata/generation", "value": generation + 1})
             data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
         elif isinstance(data, dict):
+            _check_limits(_merged(raw, data))
             if request.subresource == "status":
                 for field in [k for k in data if k != "status"]:
                     del data[field]
@@ -169,6 +211,30 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             payload.update(kind=f"{info.kind}List", apiVersion=group_version)
             payload["metadata"] = {"resourceVersion": str(next(self._versions))}  # type: ignore[call-overload]
         return payload
+
+
+def _merged(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied to a copy of ``target``."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merged(result.get(key), value)
+    return result
+
+
+def _check_limits(obj: Mapping[str, Any]) -> None:
+    """Refuse what a real API server refuses: annotations over 256 KiB, objects over etcd's 1.5 MiB."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    size = sum(len(str(key).encode()) + len(str(value).encode()) for key, value in annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=(
+            f"metadata.annotations: Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"))
+    if len(json.dumps(obj, separators=(",", ":")).encode()) > MAX_OBJECT_BYTES:
+        raise kmock.KubernetesError(status=500, reason="InternalError", message="etcdserver: request is too large")
 
 
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update"}

@@ -178,9 +178,9 @@ async def running_operator(**kwargs: Any) -> AsyncIterator[asyncio.Task[None]]:
         ready_flag=ready,
         **kwargs,
     ))
-    await asyncio.wait_for(ready.wait(), timeout=10)
+    await asyncio.wait_for(ready.wait(), timeout=30)
     try:
         yield task
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=15)
+        await asyncio.wait_for(task, timeout=30)
