@@ -22,8 +22,8 @@ import torch
 from clef_head.graphs import GraphedHead
 from clef_head.head import JointSchemaHead
 from clef_head.layout import LayoutError, RecordLayout
-from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
 from clef_plugin.card import layout_from_questions
+from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
 from clef_plugin.names import CARD_LAYOUT_KEY, LAYOUT_KEY, POOLING_TASK
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,6 @@ class JointSchemaPooler(Pooler):
                 [layout for _, layout in batch],
                 self.lexical_table(),
             )
-            for (index, _), values in zip(batch, logits):
+            for (index, _), values in zip(batch, logits, strict=True):
                 outputs[index] = values.float()
         return outputs

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from clef_head.head import HeadConfig
 from clef_head.checkpoint import RANDOM_MARKER
+from clef_head.head import HeadConfig
 from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE
 from clef_tools.tiny import (
     SPECIAL_TOKENS,

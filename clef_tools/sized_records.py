@@ -1,8 +1,8 @@
 """Seeded synthetic System One records of a chosen prompt length, for benchmarks.
 
-Each record has 2–6 questions of mixed types (fewer when a tokenizer makes the schema long) (noul, choice with 2–5 labels, score with 3–5
-levels) and a free-text state cut so the encoded prompt is ``tokens`` long on average (uniform in
-``tokens ± spread``) with the release's own tokenizer.
+Each record has 2–6 questions of mixed types (fewer when a tokenizer makes the schema long) (noul,
+choice with 2–5 labels, score with 3–5 levels) and a free-text state cut so the encoded prompt is
+``tokens`` long on average (uniform in ``tokens ± spread``) with the release's own tokenizer.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def make_record(rng: random.Random, tokenizer: Tokenizer, target_tokens: int) ->
     return body
 
 
-def make_records(tokenizer: Tokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64) -> list[dict[str, Any]]:
+def make_records(
+    tokenizer: Tokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64
+) -> list[dict[str, Any]]:
     """``count`` records from ``seed``, prompt lengths uniform in ``tokens ± spread``."""
     if count < 1 or tokens < 1 or not 0 <= spread < tokens:
         raise ValueError("count and tokens must be positive and 0 <= spread < tokens")
