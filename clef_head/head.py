@@ -220,6 +220,7 @@ def _upload(arrays: list[np.ndarray | list[int]], dtype: type, device: torch.dev
 def _build_index(lengths: list[int], layouts: Sequence[RecordLayout], device: torch.device) -> _Index:
     """The batch's indices, computed on the host from prompt lengths and layouts, copied to ``device``."""
     record_starts = list(accumulate(lengths[:-1], initial=0))
+    question_spans: list[tuple[int, int]]
     question_spans, question_record, question_types = [], [], []
     option_spans, option_question, option_record = [], [], []
     for record, (offset, layout) in enumerate(zip(record_starts, layouts, strict=True)):
@@ -328,7 +329,7 @@ class JointSchemaHead(nn.Module):
     @classmethod
     def from_config(cls, config: HeadConfig) -> JointSchemaHead:
         """A freshly initialised head of the given shape."""
-        return cls(**config.to_json())
+        return cls(**asdict(config))
 
     def forward(
         self,
@@ -365,12 +366,12 @@ class JointSchemaHead(nn.Module):
             + self.option_lexical_projection(lexical)
             + self.option_question_projection(question_vectors)[option_question]
         )
-        routed = []  # attention sees one length group at a time
+        routed_groups = []  # attention sees one length group at a time
         for options, memory, memory_mask in zip(index.option_padding.pad(queries), memories, memory_masks, strict=True):
             for layer in self.evidence_layers:
                 options = layer(options, memory, memory_mask)
-            routed.append(options)
-        routed = index.option_padding.unpad(routed)
+            routed_groups.append(options)
+        routed = index.option_padding.unpad(routed_groups)
 
         base_fields = self.question_projection(question_vectors)
         routing_scores = (routed * base_fields[option_question]).sum(-1) / math.sqrt(routed.shape[-1])

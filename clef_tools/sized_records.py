@@ -8,10 +8,17 @@ choice with 2–5 labels, score with 3–5 levels) and a free-text state cut so 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Protocol
 
 from clef_head.encoder import Tokenizer, encode_request
 from clef_head.request import parse_request
+
+
+class DecodingTokenizer(Tokenizer, Protocol):
+    """A tokenizer that also turns token ids back into text (the state is cut to a token budget)."""
+
+    def decode(self, token_ids: list[int], /) -> str | list[str]: ...  # one string for one list of ids
+
 
 WORDS = (
     "the customer was charged twice and is angry or calm about the refund that is not spam but "
@@ -32,7 +39,7 @@ def _question(rng: random.Random, kind: str) -> dict[str, Any]:
     return {"type": "score", "instructions": f"How severe is the {instruction}?", "criteria": levels}
 
 
-def make_record(rng: random.Random, tokenizer: Tokenizer, target_tokens: int) -> dict[str, Any]:
+def make_record(rng: random.Random, tokenizer: DecodingTokenizer, target_tokens: int) -> dict[str, Any]:
     """One request whose encoded prompt is about ``target_tokens`` long.
 
     Questions are dropped (never below one) until the schema takes at most 70% of the prompt; the
@@ -54,7 +61,7 @@ def make_record(rng: random.Random, tokenizer: Tokenizer, target_tokens: int) ->
 
 
 def make_records(
-    tokenizer: Tokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64
+    tokenizer: DecodingTokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64
 ) -> list[dict[str, Any]]:
     """``count`` records from ``seed``, prompt lengths uniform in ``tokens ± spread``."""
     if count < 1 or tokens < 1 or not 0 <= spread < tokens:
