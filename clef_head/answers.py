@@ -34,7 +34,7 @@ def answer_question(question: Question, probabilities: dict[str, float]) -> dict
         "type": "score",
         "score": _r(sum(index * probabilities[level] for index, level in enumerate(levels))),
         "confidence": _r(max(probabilities[level] for level in levels)),
-        "legend": dict(zip(levels, question.criteria)),
+        "legend": dict(zip(levels, question.criteria, strict=True)),
         "probabilities": {level: _r(probabilities[level]) for level in levels},
     }
 
@@ -53,8 +53,8 @@ def build_response(
         )
     per_question = torch.split(option_logits.float(), [len(q.option_ids) for q in layout.questions])
     answers = {}
-    for question_layout, logits in zip(layout.questions, per_question):
-        probabilities = dict(zip(question_layout.option_ids, logits.softmax(-1).tolist()))
+    for question_layout, logits in zip(layout.questions, per_question, strict=True):
+        probabilities = dict(zip(question_layout.option_ids, logits.softmax(-1).tolist(), strict=True))
         question = request.questions[question_layout.question_id]
         answers[question_layout.question_id] = answer_question(question, probabilities)
     return {

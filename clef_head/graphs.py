@@ -18,8 +18,9 @@ tests on the CPU).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -202,7 +203,7 @@ class GraphedHead:
         self.graphs = graphs
         self.config = head.config
         self._captured: dict[Bucket, _Captured] = {}
-        self._pool: object | None = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self._token_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.captures = 0
 
@@ -239,10 +240,11 @@ class GraphedHead:
         inputs.hidden[:length].copy_(hidden)
         if not self.graphs:
             return static_forward(self.head, inputs, lm_head_weight)[: layout.option_count].clone()
-        if captured.graph is None or captured.table != lm_head_weight.data_ptr():
-            captured = self._capture(bucket, captured.inputs, lm_head_weight)
-        captured.graph.replay()
-        return captured.output[: layout.option_count].clone()
+        graph, output = captured.graph, captured.output
+        if graph is None or output is None or captured.table != lm_head_weight.data_ptr():
+            graph, output = self._capture(bucket, captured.inputs, lm_head_weight)
+        graph.replay()
+        return output[: layout.option_count].clone()
 
     def _allocate(self, bucket: Bucket, hidden_size: int, dtype: torch.dtype, device: torch.device) -> _Captured:
         """A bucket's input buffers. The per-token ones (hidden states, token ids, padding) are views of
@@ -275,8 +277,11 @@ class GraphedHead:
         self._captured[bucket] = captured
         return captured
 
-    def _capture(self, bucket: Bucket, inputs: StaticInputs, lm_head_weight: torch.Tensor) -> _Captured:
-        """Warm the bucket's static pass up on a side stream, then capture it (inputs already filled)."""
+    def _capture(
+        self, bucket: Bucket, inputs: StaticInputs, lm_head_weight: torch.Tensor
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm the bucket's static pass up on a side stream, then capture it (inputs already filled);
+        the graph and its output buffer."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
@@ -288,7 +293,6 @@ class GraphedHead:
         # thread_local: an engine's other threads may use CUDA while this one captures
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"), torch.no_grad():
             output = static_forward(self.head, inputs, lm_head_weight)
-        captured = _Captured(inputs, graph, output, lm_head_weight.data_ptr())
-        self._captured[bucket] = captured
+        self._captured[bucket] = _Captured(inputs, graph, output, lm_head_weight.data_ptr())
         self.captures += 1
-        return captured
+        return graph, output

@@ -12,9 +12,10 @@ index, never by boolean mask, so a forward pass never waits for the device.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import accumulate
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -104,7 +105,10 @@ class _Padding:
     def blocks(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """A tensor over all slots [slots, ...] as one [records, width, ...] view per group."""
         parts = flat.split([records * width for records, width in self.shapes])
-        return [part.view(records, width, *flat.shape[1:]) for part, (records, width) in zip(parts, self.shapes)]
+        return [
+            part.view(records, width, *flat.shape[1:])
+            for part, (records, width) in zip(parts, self.shapes, strict=True)
+        ]
 
     def masks(self) -> list[torch.Tensor]:
         """The padding mask as one [records, width] view per group (True = padding)."""
@@ -161,7 +165,7 @@ def _length_groups(lengths: list[int], max_padding: float = MAX_PADDING) -> list
 def _ranges(starts: list[int], lengths: list[int]) -> np.ndarray:
     """``range(start, start + length)`` for each pair, concatenated."""
     shifts, total = [], 0
-    for start, length in zip(starts, lengths):
+    for start, length in zip(starts, lengths, strict=True):
         shifts.append(start - total)
         total += length
     return np.arange(total) + np.repeat(shifts, lengths)
@@ -188,7 +192,7 @@ def _host_padding(counts: list[int], groups: list[list[int]]) -> _HostPadding:
     shapes = [(len(records), max(counts[record] for record in records)) for records in groups]
     first_slots = [0] * len(counts)
     size = 0
-    for records, (count, width) in zip(groups, shapes):
+    for records, (count, width) in zip(groups, shapes, strict=True):
         for position, record in enumerate(records):
             first_slots[record] = size + position * width
         size += count * width
@@ -216,9 +220,10 @@ def _upload(arrays: list[np.ndarray | list[int]], dtype: type, device: torch.dev
 def _build_index(lengths: list[int], layouts: Sequence[RecordLayout], device: torch.device) -> _Index:
     """The batch's indices, computed on the host from prompt lengths and layouts, copied to ``device``."""
     record_starts = list(accumulate(lengths[:-1], initial=0))
+    question_spans: list[tuple[int, int]]
     question_spans, question_record, question_types = [], [], []
     option_spans, option_question, option_record = [], [], []
-    for record, (offset, layout) in enumerate(zip(record_starts, layouts)):
+    for record, (offset, layout) in enumerate(zip(record_starts, layouts, strict=True)):
         for question in layout.questions:
             option_spans += [(start + offset, end + offset) for start, end in question.option_spans]
             option_question += [len(question_spans)] * len(question.option_spans)
@@ -233,7 +238,7 @@ def _build_index(lengths: list[int], layouts: Sequence[RecordLayout], device: to
     integers = _upload(
         [
             *(padding.slots for padding in paddings),
-            [start + length - 1 for start, length in zip(record_starts, lengths)],
+            [start + length - 1 for start, length in zip(record_starts, lengths, strict=True)],
             *_span_arrays(question_spans),
             *_span_arrays(option_spans),
             question_record,
@@ -324,7 +329,7 @@ class JointSchemaHead(nn.Module):
     @classmethod
     def from_config(cls, config: HeadConfig) -> JointSchemaHead:
         """A freshly initialised head of the given shape."""
-        return cls(**config.to_json())
+        return cls(**asdict(config))
 
     def forward(
         self,
@@ -361,12 +366,12 @@ class JointSchemaHead(nn.Module):
             + self.option_lexical_projection(lexical)
             + self.option_question_projection(question_vectors)[option_question]
         )
-        routed = []  # attention sees one length group at a time
-        for options, memory, memory_mask in zip(index.option_padding.pad(queries), memories, memory_masks):
+        routed_groups = []  # attention sees one length group at a time
+        for options, memory, memory_mask in zip(index.option_padding.pad(queries), memories, memory_masks, strict=True):
             for layer in self.evidence_layers:
                 options = layer(options, memory, memory_mask)
-            routed.append(options)
-        routed = index.option_padding.unpad(routed)
+            routed_groups.append(options)
+        routed = index.option_padding.unpad(routed_groups)
 
         base_fields = self.question_projection(question_vectors)
         routing_scores = (routed * base_fields[option_question]).sum(-1) / math.sqrt(routed.shape[-1])
@@ -381,7 +386,7 @@ class JointSchemaHead(nn.Module):
         question_padding = index.question_padding
         decided = []
         for group_fields, field_mask, memory, memory_mask in zip(
-            question_padding.pad(fields), question_padding.masks(), memories, memory_masks
+            question_padding.pad(fields), question_padding.masks(), memories, memory_masks, strict=True
         ):
             for layer in self.layers:
                 group_fields = layer(

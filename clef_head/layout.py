@@ -68,7 +68,7 @@ class RecordLayout:
             if not isinstance(item, dict):
                 raise LayoutError(f"{where} must be an object")
             type_id = item.get("type")
-            if type_id not in QUESTION_TYPE_IDS.values() or isinstance(type_id, bool):
+            if not isinstance(type_id, int) or isinstance(type_id, bool) or type_id not in QUESTION_TYPE_IDS.values():
                 raise LayoutError(f"{where}.type must be 0, 1 or 2")
             spans = item.get("option_spans")
             option_ids = item.get("option_ids")

@@ -13,6 +13,7 @@ them the question would have no text at all). Nesting deeper than
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
@@ -26,6 +27,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 log = logging.getLogger(__name__)
 Location = tuple[int | str, ...]
@@ -191,7 +193,7 @@ def _error_location(location: tuple[int | str, ...]) -> Location:
     return tuple(parts)
 
 
-def _error_message(error: dict[str, Any]) -> str:
+def _error_message(error: ErrorDetails) -> str:
     message = str(error["msg"])
     if error["type"] == "union_tag_invalid" or error["type"] == "union_tag_not_found":
         return "type must be one of noul, choice, score"
@@ -228,7 +230,7 @@ def _locate_json_error(body: Any, max_depth: int) -> None:
     while stack:
         value, depth, where = stack.pop()
         if isinstance(value, dict):
-            children = value.items()
+            children: Iterable[tuple[Any, Any]] = value.items()
         elif isinstance(value, list):
             children = enumerate(value)
         elif value is None or isinstance(value, (str, int, float)):

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -146,7 +147,9 @@ def engine_kwargs(
             raise PluginSettingConflict(name, value, f"it must be {needed!r} ({WHY[name]})")
     if settings.get("pipeline_parallel_size", 1) != 1:
         raise PluginSettingConflict(
-            "pipeline_parallel_size", settings["pipeline_parallel_size"], "pipeline parallelism is not supported; use --tensor-parallel-size"
+            "pipeline_parallel_size",
+            settings["pipeline_parallel_size"],
+            "pipeline parallelism is not supported; use --tensor-parallel-size",
         )
     model = settings.pop("model", None)
     if model is not None and str(model) != str(model_dir):
@@ -249,5 +252,5 @@ def score_requests(
     )
     return [
         build_response(request, item.layout, option_logits(output), len(item.input_ids))
-        for request, item, output in zip(parsed, encoded, outputs)
+        for request, item, output in zip(parsed, encoded, outputs, strict=True)
     ]

@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 
 import torch
+import vllm
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-
-import vllm
 from vllm.model_executor.layers.pooler import PoolingParamsUpdate
 from vllm.model_executor.layers.pooler.abstract import Pooler
 from vllm.model_executor.layers.pooler.tokwise.methods import AllPool

@@ -22,8 +22,8 @@ import torch
 from clef_head.graphs import GraphedHead
 from clef_head.head import JointSchemaHead
 from clef_head.layout import LayoutError, RecordLayout
-from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
 from clef_plugin.card import layout_from_questions
+from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
 from clef_plugin.names import CARD_LAYOUT_KEY, LAYOUT_KEY, POOLING_TASK
 
 logger = logging.getLogger(__name__)
@@ -80,28 +80,28 @@ class JointSchemaPooler(Pooler):
             raise RuntimeError("the joint schema head is not loaded yet")
         prompts = prompt_hidden_states(self.collector, hidden_states, pooling_metadata)
         outputs: list[torch.Tensor | None] = [None] * len(prompts)
-        ready = [index for index, states in enumerate(prompts) if states is not None]
+        ready = [(index, states) for index, states in enumerate(prompts) if states is not None]
         if not ready:
             return outputs
         token_ids = pooling_metadata.get_prompt_token_ids_cpu()  # the head moves them to its device
-        batch: list[tuple[int, RecordLayout]] = []
-        for index in ready:
+        batch: list[tuple[int, torch.Tensor, RecordLayout]] = []
+        for index, states in ready:
             params = pooling_metadata.pooling_params[index]
             try:
-                layout = request_layout(params.extra_kwargs, len(prompts[index]))
+                layout = request_layout(params.extra_kwargs, len(states))
             except LayoutError as exc:
                 if params.extra_kwargs:  # a missing layout is normal in vLLM's start-up dummy runs
                     logger.warning("rejected a request's layout: %s", exc)
                 outputs[index] = error_record(str(exc), hidden_states.device)
                 continue
-            batch.append((index, layout))
+            batch.append((index, states, layout))
         if batch:
             logits = self.head(
-                [prompts[index] for index, _ in batch],
-                [token_ids[index] for index, _ in batch],
-                [layout for _, layout in batch],
+                [states for _, states, _ in batch],
+                [token_ids[index] for index, _, _ in batch],
+                [layout for _, _, layout in batch],
                 self.lexical_table(),
             )
-            for (index, _), values in zip(batch, logits):
+            for (index, _, _), values in zip(batch, logits, strict=True):
                 outputs[index] = values.float()
         return outputs

@@ -21,12 +21,12 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from clef_head.head import HeadConfig
 from clef_head.checkpoint import RANDOM_MARKER
+from clef_head.head import HeadConfig
 from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE
 from clef_tools.tiny import (
     SPECIAL_TOKENS,
@@ -38,6 +38,9 @@ from clef_tools.tiny import (
     save_head,
     save_processor,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FULL_TEXT: dict[str, Any] = dict(
     vocab_size=MODEL_VOCAB_SIZE,
@@ -68,7 +71,7 @@ def model_config(scale: str, token_id: dict[str, int]) -> Any:
     return backbone_config(SCALES[scale][0], token_id)
 
 
-def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
     """The backbone built on ``meta``, materialised on ``device`` and initialised there."""
     from transformers import Qwen3_5ForConditionalGeneration
 

@@ -19,7 +19,8 @@ norms (not Linear), the vision tower and the Gated DeltaNet gate projections
 
 The weights are streamed tensor by tensor, shard by shard, from the source safetensors: only the
 current shard is in memory, so a 9B backbone quantizes in seconds on a GPU and fits in host memory
-on a CPU (NVFP4's calibration loads the whole BF16 model once, on ``--device``). The targeted modules are exactly those compressed-tensors' own matcher selects on the
+on a CPU (NVFP4's calibration loads the whole BF16 model once, on ``--device``). The targeted modules are
+exactly those compressed-tensors' own matcher selects on the
 model class built from the source config on the ``meta`` device (no weights), the scales come from
 compressed-tensors' ``calculate_qparams`` (per-channel min/max, i.e. the preset's
 ``memoryless_minmax`` observer; NVFP4's global scales from its ``generate_gparam``) and the packed
@@ -122,7 +123,9 @@ def targeted_modules(source: Path, config: Any) -> list[str]:
     if getattr(model_config, "quantization_config", None) is not None:
         raise QuantizationError(f"{source}/config.json already has a quantization_config: the source must be BF16")
     if not architectures or not hasattr(transformers, architectures[0]):
-        raise QuantizationError(f"{source}/config.json: architectures {architectures} is not a transformers model class")
+        raise QuantizationError(
+            f"{source}/config.json: architectures {architectures} is not a transformers model class"
+        )
     with torch.device("meta"):
         model = getattr(transformers, architectures[0])._from_config(model_config)
     return [name for name, _ in match_named_modules(model, config.config_groups["group_0"].targets, config.ignore)]
@@ -197,7 +200,9 @@ def _quantize_weight(
     return BaseCompressor.load_from_registry(scheme.format).compress(state, scheme)
 
 
-def weight_absmax(source: Path, shards: dict[str, list[str]], targets: set[str], device: torch.device) -> dict[str, torch.Tensor]:
+def weight_absmax(
+    source: Path, shards: dict[str, list[str]], targets: set[str], device: torch.device
+) -> dict[str, torch.Tensor]:
     """Largest |weight| of every targeted Linear (one streaming pass over the shards)."""
     from safetensors import safe_open
 
@@ -236,7 +241,9 @@ def calibrate_input_absmax(
 
         return hook
 
-    handles = [module.register_forward_pre_hook(observe(name)) for name, module in model.named_modules() if name in targets]
+    handles = [
+        module.register_forward_pre_hook(observe(name)) for name, module in model.named_modules() if name in targets
+    ]
     try:
         spread = CALIBRATION_TOKENS // 2
         for body in make_records(tokenizer, records, seed=seed, tokens=CALIBRATION_TOKENS, spread=spread):
@@ -342,7 +349,8 @@ def quantize_release(
     input_global: dict[str, torch.Tensor] = {}
     if group.weights.group_size:  # NVFP4: global scales shared by each fused group
         weight_global = {
-            module: _global_scale(value) for module, value in _group_maxima(weight_absmax(src, shards, targets, torch_device)).items()
+            module: _global_scale(value)
+            for module, value in _group_maxima(weight_absmax(src, shards, targets, torch_device)).items()
         }
         calibrated = calibrate_input_absmax(src, targets, torch_device, records=calibration_records)
         input_global = {module: _global_scale(value) for module, value in _group_maxima(calibrated).items()}

@@ -97,7 +97,7 @@ def make_request(rng: random.Random, questions: int | None = None, state_words: 
         state = _text(rng, 5, 40)
     else:
         state = {"ticket": _json_value(rng), "customer": {"name": _text(rng, 1, 2), "history": [_json_value(rng)]}}
-    ids = set()
+    ids: set[str] = set()
     body: dict[str, Any] = {"model": "clef-flash", "state": state, "questions": {}}
     while len(ids) < count:
         question_id = rng.choice(["urgency", "tone", "billing", "spam", "topic", "фраза", "質問"]) + f"_{len(ids)}"
@@ -108,7 +108,7 @@ def make_request(rng: random.Random, questions: int | None = None, state_words: 
 
 def make_extreme_requests(rng: random.Random) -> list[dict[str, Any]]:
     """Requests at the limits: 64 questions, 255 choice labels, 10 score levels (one null), long state."""
-    many = {"model": "clef-flash", "state": _text(rng, 3, 6), "questions": {}}
+    many: dict[str, Any] = {"model": "clef-flash", "state": _text(rng, 3, 6), "questions": {}}
     for index in range(64):
         many["questions"][f"q{index}"] = make_question(rng, ("noul", "choice", "score")[index % 3])
     wide_choice = {

@@ -1,17 +1,24 @@
 """Seeded synthetic System One records of a chosen prompt length, for benchmarks.
 
-Each record has 2–6 questions of mixed types (fewer when a tokenizer makes the schema long) (noul, choice with 2–5 labels, score with 3–5
-levels) and a free-text state cut so the encoded prompt is ``tokens`` long on average (uniform in
-``tokens ± spread``) with the release's own tokenizer.
+Each record has 2–6 questions of mixed types (fewer when a tokenizer makes the schema long) (noul,
+choice with 2–5 labels, score with 3–5 levels) and a free-text state cut so the encoded prompt is
+``tokens`` long on average (uniform in ``tokens ± spread``) with the release's own tokenizer.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Protocol
 
 from clef_head.encoder import Tokenizer, encode_request
 from clef_head.request import parse_request
+
+
+class DecodingTokenizer(Tokenizer, Protocol):
+    """A tokenizer that also turns token ids back into text (the state is cut to a token budget)."""
+
+    def decode(self, token_ids: list[int], /) -> str | list[str]: ...  # one string for one list of ids
+
 
 WORDS = (
     "the customer was charged twice and is angry or calm about the refund that is not spam but "
@@ -32,7 +39,7 @@ def _question(rng: random.Random, kind: str) -> dict[str, Any]:
     return {"type": "score", "instructions": f"How severe is the {instruction}?", "criteria": levels}
 
 
-def make_record(rng: random.Random, tokenizer: Tokenizer, target_tokens: int) -> dict[str, Any]:
+def make_record(rng: random.Random, tokenizer: DecodingTokenizer, target_tokens: int) -> dict[str, Any]:
     """One request whose encoded prompt is about ``target_tokens`` long.
 
     Questions are dropped (never below one) until the schema takes at most 70% of the prompt; the
@@ -53,7 +60,9 @@ def make_record(rng: random.Random, tokenizer: Tokenizer, target_tokens: int) ->
     return body
 
 
-def make_records(tokenizer: Tokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64) -> list[dict[str, Any]]:
+def make_records(
+    tokenizer: DecodingTokenizer, count: int, seed: int = 0, tokens: int = 512, spread: int = 64
+) -> list[dict[str, Any]]:
     """``count`` records from ``seed``, prompt lengths uniform in ``tokens ± spread``."""
     if count < 1 or tokens < 1 or not 0 <= spread < tokens:
         raise ValueError("count and tokens must be positive and 0 <= spread < tokens")

@@ -236,7 +236,7 @@ def build_tiny_release(
     token_id = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     torch.manual_seed(seed)
     shape = dict(TINY_TEXT_SHAPE, vocab_size=vocab_size(vocabulary))
-    model = Qwen3_5ForConditionalGeneration(backbone_config(shape, token_id)).to(torch.bfloat16).eval()
+    model = Qwen3_5ForConditionalGeneration(backbone_config(shape, token_id)).bfloat16().eval()
     with torch.no_grad():  # non-trivial norm weights: a wrong norm convention must show up in tests
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):

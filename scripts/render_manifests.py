@@ -111,7 +111,7 @@ def render(out_dir: pathlib.Path, helm: str) -> list[pathlib.Path]:
 def diff_dirs(expected: pathlib.Path, actual: pathlib.Path) -> str:
     """Unified diff of the top-level *.yaml files of two folders ('' when they are the same)."""
     names = sorted({p.name for p in expected.glob("*.yaml")} | {p.name for p in actual.glob("*.yaml")})
-    chunks = []
+    chunks: list[str] = []
     for name in names:
         want = (expected / name).read_text().splitlines(keepends=True) if (expected / name).exists() else []
         got = (actual / name).read_text().splitlines(keepends=True) if (actual / name).exists() else []

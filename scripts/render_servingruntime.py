@@ -88,7 +88,7 @@ def runtime_spec() -> dict[str, object]:
     """The ServingRuntime's containers and volumes, from the contract, with placeholders."""
     container = predictor_container(
         image="@IMAGE@", model_name="@NAME@", dp="@GPUS@", max_model_len="@MAX_MODEL_LEN@",
-        resources="@RESOURCES@",  # type: ignore[arg-type]  (a placeholder for a Helm block)
+        resources="@RESOURCES@",  # type: ignore[arg-type]  # a placeholder for a Helm block
         extra_args=["@EXTRA_ARGS@"], grpc=True,  # its lines are kept under `if $rt.grpc` (GRPC_LINES)
     )
     return {"containers": [container], "volumes": predictor_volumes(compile_cache={"@CACHE@": {}})}
