@@ -23,6 +23,7 @@ from predictor.api_args import (
     register_aliases,
     resolve_encode_processes,
 )
+from predictor.body_limits import DEFAULT_MAX_BODY_BYTES
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
@@ -78,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--max-batch", type=int, default=32, help="transformers engine: records per forward pass")
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
-    group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
+    group.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies, on the wire or decompressed, get 413",
+    )
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
     group.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish in-flight requests on SIGTERM")
     group.add_argument(
