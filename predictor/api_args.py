@@ -76,7 +76,7 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
         "--max-batch-items",
         type=int,
         default=DEFAULT_MAX_BATCH_ITEMS,
-        help="most System One bodies in one POST /v1/systemone/batch",
+        help="most System One requests in one body: POST /v1/systemone/batch, KServe V1 instances, V2 inputs[0].data",
     )
     group.add_argument(
         "--max-header-bytes",

@@ -34,16 +34,16 @@ DEFAULT_MAX_QUEUE_WAIT_S = 10.0
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
-def json_counts(raw: bytes) -> tuple[int, int]:
+def json_counts(raw: bytes, exact: bool = False) -> tuple[int, int]:
     """(values, containers) of a JSON text, from its commas and brackets outside strings.
 
-    Exact for valid JSON (every value but a container's first follows a comma), or an upper bound; strings are
-    stripped only when the plain counts exceed a limit (a CSV state is full of commas). Past the value limit the
-    count returned may be a lower bound (the quotes'), still past the limit.
+    Every value but a container's first child follows a comma, so the plain counts are an upper bound; strings
+    are stripped (a CSV state is full of commas) when ``exact`` or when those counts exceed a limit, which makes
+    them exact for compact JSON. Past the value limit the count may be a lower bound (the quotes'), still past it.
     """
     containers = raw.count(b"[") + raw.count(b"{")
     values = raw.count(b",") + containers + 1
-    if values <= MAX_JSON_VALUES and containers <= MAX_JSON_CONTAINERS:
+    if not exact and values <= MAX_JSON_VALUES and containers <= MAX_JSON_CONTAINERS:
         return values, containers
     # Each string is a value or an object's key (never more keys than values): a quick lower bound from the
     # quotes, not escaped ones, refuses a body of a million short strings without stripping them.
@@ -52,23 +52,35 @@ def json_counts(raw: bytes) -> tuple[int, int]:
         return strings // 2, containers
     unquoted = _JSON_STRING.sub(b"", raw)
     containers = unquoted.count(b"[") + unquoted.count(b"{")
-    return unquoted.count(b",") + containers + 1, containers
+    empty = unquoted.count(b"[]") + unquoted.count(b"{}")  # no first child
+    return unquoted.count(b",") + containers - empty + 1, containers
 
 
-def check_json_counts(raw: bytes, what: str = "the request body", param: str | None = None) -> int:
-    """The values of ``raw``; :class:`TooLarge` (413) past :data:`MAX_JSON_VALUES` values or
+def check_json_counts(raw: bytes, what: str = "the request body", param: str | None = None) -> None:
+    """:class:`TooLarge` (413) when ``raw`` holds more than :data:`MAX_JSON_VALUES` values or
     :data:`MAX_JSON_CONTAINERS` arrays and objects."""
-    if len(raw) <= min(MAX_JSON_VALUES, MAX_JSON_CONTAINERS):  # every value takes at least one byte
-        return len(raw)
-    values, containers = json_counts(raw)
+    _check_counts(*json_counts(raw), what, param)
+
+
+def check_texts_json_counts(texts: list[bytes], param: str) -> None:
+    """:class:`TooLarge` (413) naming ``param`` when JSON texts parsed one by one (KServe V2 elements) hold more
+    values or containers together than one body may."""
+    counts = [json_counts(text) for text in texts]
+    if sum(values for values, _ in counts) > MAX_JSON_VALUES or sum(c for _, c in counts) > MAX_JSON_CONTAINERS:
+        counts = [json_counts(text, exact=True) for text in texts]
+    values, containers = sum(v for v, _ in counts), sum(c for _, c in counts)
+    _check_counts(values, containers, "the input's data", param)
+
+
+def _check_counts(values: int, containers: int, what: str, param: str | None) -> None:
     loc = parse_param(param) if param else ()
     if containers > MAX_JSON_CONTAINERS:
         raise TooLarge(
-            f"{what} holds {containers} JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}", loc
+            f"{what} holds {containers} JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}",
+            loc,
         )
     if values > MAX_JSON_VALUES:
         raise TooLarge(f"{what} holds {values} JSON values, more than the limit of {MAX_JSON_VALUES}", loc)
-    return values
 
 
 def check_item_count(count: int, max_items: int, param: str) -> None:

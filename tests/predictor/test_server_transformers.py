@@ -575,3 +575,48 @@ def test_reliability_scripts_refuse_other_hosts() -> None:
     assert loopback_url("http://127.0.0.1:1/") == "http://127.0.0.1:1"
     with pytest.raises(SystemExit, match="not a loopback address"):
         loopback_url("http://192.0.2.1:8080")
+
+
+def _zstd(raw: bytes) -> bytes:
+    try:
+        from compression.zstd import compress  # type: ignore[import-not-found]
+    except ImportError:
+        from backports.zstd import compress
+    return compress(raw)
+
+
+def test_bodies_that_inflate_past_a_limit_are_refused_naming_it(client: httpx.Client) -> None:
+    from predictor.body_limits import MAX_JSON_CONTAINERS, MAX_JSON_VALUES
+
+    strings = json.dumps(simple_request(state=["ab"] * 1_000_000)).encode()
+    lists = json.dumps(simple_request(state=[[]] * (MAX_JSON_CONTAINERS + 1))).encode()
+    cases = [
+        ("/v1/systemone", "gzip", gzip.compress(strings), f"more than the limit of {MAX_JSON_VALUES}"),
+        ("/v1/systemone", "zstd", _zstd(lists), f"more than the limit of {MAX_JSON_CONTAINERS}"),
+        ("/v1/systemone/batch", "gzip", gzip.compress(b"[" + strings + b"]"), "JSON values"),
+        (f"/v1/models/{MODEL_NAME}:predict", "zstd", _zstd(b'{"instances":[' + strings + b"]}"), "JSON values"),
+    ]
+    for path, encoding, content, words in cases:
+        assert len(content) <= 64 << 10
+        response = client.post(path, content=content, headers={"content-encoding": encoding})
+        assert response.status_code == 413, (path, response.text)
+        assert words in response.json()["error"]["message"], (path, response.text)
+
+
+def test_kserve_bodies_hold_at_most_max_batch_items_requests_and_bounded_values(client: httpx.Client) -> None:
+    from predictor.body_limits import MAX_JSON_VALUES
+
+    too_many = [simple_request()] * 65
+    response = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": too_many})
+    assert response.status_code == 422 and response.json()["error"]["param"] == "instances", response.text
+    assert "65 System One requests" in response.text and "--max-batch-items" in response.text
+    response = client.post(f"/v2/models/{MODEL_NAME}/infer", json=_v2([json.dumps(r) for r in too_many]))
+    assert response.status_code == 422 and response.json()["error"]["param"] == "inputs[0].data", response.text
+    assert "--max-batch-items" in response.text
+    # One V2 element whose JSON text holds a million values: a string to the body, counted before it is parsed.
+    inner = json.dumps(simple_request(state=[1] * 1_000_000))
+    body = gzip.compress(json.dumps(_v2([inner])).encode())
+    response = client.post(f"/v2/models/{MODEL_NAME}/infer", content=body, headers={"content-encoding": "gzip"})
+    assert response.status_code == 413 and response.json()["error"]["param"] == "inputs[0].data", response.text
+    assert f"more than the limit of {MAX_JSON_VALUES}" in response.text
+    assert client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [simple_request()] * 64}).status_code == 200
