@@ -68,7 +68,7 @@ def test_retry_after_is_the_excess_wait_in_whole_seconds() -> None:
 
 
 def test_admission_sheds_by_expected_wait_with_503_and_retry_after(tokenizer: Any) -> None:  # noqa: F811
-    engine = FakeEngine(tokenizer, capacity=64)
+    engine = FakeEngine(tokenizer, capacity=3)  # the 3 held records fill it
     service = serving(engine, max_wait_s=2.0)
     clock = Clock()
     service.rate = ServiceRate(window_s=30, min_busy_s=1, clock=clock)
@@ -151,3 +151,43 @@ def test_a_million_short_strings_are_refused_without_stripping_them() -> None:
     raw = gzip.decompress(gzip.compress(_json({"state": ["ab"] * 1_000_000})))
     values, _ = json_counts(raw)
     assert values > MAX_JSON_VALUES
+
+
+def _zstd(raw: bytes) -> bytes:
+    try:
+        from compression.zstd import compress  # type: ignore[import-not-found]
+    except ImportError:
+        from backports.zstd import compress
+    return compress(raw)
+
+
+def test_the_body_middleware_refuses_inflated_bodies_naming_the_limit() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from predictor.http_body import RequestBodyMiddleware
+
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"bytes": len(await request.body())})
+
+    client = TestClient(RequestBodyMiddleware(Starlette(routes=[Route("/v1/systemone", echo, methods=["POST"])])))
+    strings = _json(simple_request(state=["ab"] * 1_000_000))
+    lists = _json(simple_request(state=[[]] * (MAX_JSON_CONTAINERS + 1)))
+    numbers = _json(simple_request(state=[0] * MAX_JSON_VALUES))
+    cases = [
+        ("gzip", gzip.compress(strings), f"JSON values, more than the limit of {MAX_JSON_VALUES}"),
+        ("zstd", _zstd(lists), f"JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}"),
+        ("gzip, zstd", _zstd(gzip.compress(numbers)), f"JSON values, more than the limit of {MAX_JSON_VALUES}"),
+        ("gzip", gzip.compress(b" " * (9 << 20)), "larger than the limit of 8388608 bytes"),
+    ]
+    for encoding, content, words in cases:
+        assert len(content) <= 64 << 10
+        response = client.post("/v1/systemone", content=content, headers={"content-encoding": encoding})
+        assert response.status_code == 413, response.text
+        assert words in response.json()["error"]["message"] and response.json()["error"]["type"] == "request_too_large"
+    under = _json(simple_request(state=[0] * (MAX_JSON_VALUES - 100)))
+    response = client.post("/v1/systemone", content=_zstd(under), headers={"content-encoding": "zstd"})
+    assert response.status_code == 200 and response.json() == {"bytes": len(under)}
