@@ -177,7 +177,9 @@ async def run(url: str, pid: int | None, model: str, clients: int, seconds: floa
                 "server_cpu_s": round(cpu_seconds(pid) - before, 2) if pid else None,
                 "message": message,
             }
+        before = cpu_seconds(pid) if pid else 0.0
         result["valid_alone"] = await _valid_traffic(http, model, clients, seconds)
+        result["valid_alone"]["server_cpu_s"] = round(cpu_seconds(pid) - before, 1) if pid else None
         stop = time.perf_counter() + seconds
         hostile: list[tuple[int, float]] = []
 
@@ -189,7 +191,9 @@ async def run(url: str, pid: int | None, model: str, clients: int, seconds: floa
                     status, latency, _ = await _send(http, body)
                     hostile.append((status, latency))
 
+        before = cpu_seconds(pid) if pid else 0.0
         beside, _ = await asyncio.gather(_valid_traffic(http, model, clients, seconds), attacker())
+        beside["server_cpu_s"] = round(cpu_seconds(pid) - before, 1) if pid else None
         result["valid_beside_family"] = beside
         result["refused_beside_valid"] = {
             "sent": len(hostile),
