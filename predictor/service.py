@@ -100,8 +100,8 @@ class SystemOneService:
     @contextmanager
     def admitted(self, records: int) -> Iterator[None]:
         """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`: when the queue would
-        hold more than ``max_queued`` records, or when the engine is full (``engine.capacity`` records) and the
-        records already admitted would take more than ``max_wait_s`` to answer at the measured service rate.
+        hold more than ``max_queued`` records, or when the records already admitted would take more than
+        ``max_wait_s`` to answer at the measured service rate (an idle server always admits).
 
         A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
         queue is empty.
@@ -119,9 +119,9 @@ class SystemOneService:
                 "overloaded",
                 OVERLOADED_RETRY_AFTER_S,
             )
-        # Records the engine runs at once do not wait for each other: only a full engine makes a queue.
-        full = self.queued >= self.engine.capacity
-        expected_wait = self.rate.expected_wait_s(self.queued) if full else None
+        # A batch engine runs admitted records together, but a batch takes longer the more it holds: the rate
+        # measured over whole batches says how long the records ahead of this one hold the engine.
+        expected_wait = self.rate.expected_wait_s(self.queued) if self.queued else None
         if expected_wait is not None and expected_wait > self.max_wait_s:
             metrics.REJECTED.labels(reason="overloaded").inc()
             raise Unavailable(

@@ -68,7 +68,7 @@ def test_retry_after_is_the_excess_wait_in_whole_seconds() -> None:
 
 
 def test_admission_sheds_by_expected_wait_with_503_and_retry_after(tokenizer: Any) -> None:  # noqa: F811
-    engine = FakeEngine(tokenizer, capacity=3)  # the 3 held records fill it
+    engine = FakeEngine(tokenizer, capacity=64)
     service = serving(engine, max_wait_s=2.0)
     clock = Clock()
     service.rate = ServiceRate(window_s=30, min_busy_s=1, clock=clock)
