@@ -4,20 +4,22 @@ The prompt is a chat-formatted text: the system instruction, the state, then eve
 its numbered options, so the backbone reads the whole schema in one pass. The layout records where
 each question's instruction and each option's description sit in the token sequence.
 
-Work is bounded before it is done: a state longer than the prompt can hold is tokenized from a prefix
-of its text (two characters per token of room, widened by the ratio seen until the prefix yields enough
-tokens), never in full. Where the state fits, the whole text is tokenized, so prompts are unchanged; where it is cut,
-the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``), where the cut cannot
-reach. Tokenizer calls hold one lock: a fast tokenizer shared across threads can fail with
+Work is bounded before it is done: the state's text is rendered piece by piece (:func:`json_pieces`, the
+same text as :func:`render_json`) only as far as it is read, and a state longer than the prompt can hold is
+tokenized from a prefix of that text (two characters per token of room, widened by the ratio seen until the
+prefix yields enough tokens), never in full. Where the state fits, the whole text is tokenized, so prompts are
+unchanged; where it is cut, the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``),
+where the cut cannot reach; the rest of the state is never rendered. Tokenizer calls hold one lock: a fast tokenizer shared across threads can fail with
 "Already borrowed" when two threads use it at once.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Iterator, Literal, Protocol
 
 from clef_head.layout import QUESTION_TYPE_IDS, QuestionLayout, RecordLayout
 from clef_head.request import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest
@@ -88,6 +90,107 @@ def render_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
+#: How ``json.dumps(..., ensure_ascii=False)`` writes a string (the standard library's own function).
+_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def _json_scalar(value: Any) -> str:
+    """``json.dumps`` of a scalar: the same function for strings, the same ``repr`` for numbers."""
+    if isinstance(value, str):
+        return str(_json_string(value))
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float.__repr__(value)
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)  # raises for non-JSON
+
+
+def json_pieces(value: Any) -> Iterator[str]:
+    """:func:`render_json`'s text of ``value`` in pieces, in order, rendered only as they are asked for.
+
+    Objects' keys are sorted when the object is reached; no recursion (a deep value cannot overflow the stack).
+    """
+    if isinstance(value, str):
+        yield value
+        return
+    # A frame: the children still to render, whether they are (key, value) items, whether one was rendered.
+    frames: list[tuple[Iterator[Any], bool, list[bool]]] = []
+    pending = value
+    while True:
+        if isinstance(pending, dict) and pending:
+            yield "{"
+            frames.append((iter(sorted(pending.items())), True, [False]))
+        elif isinstance(pending, list) and pending:
+            yield "["
+            frames.append((iter(pending), False, [False]))
+        elif isinstance(pending, (dict, list)):
+            yield "{}" if isinstance(pending, dict) else "[]"
+        else:
+            yield _json_scalar(pending)
+        while frames:
+            children, is_object, started = frames[-1]
+            child = next(children, _END)
+            if child is _END:
+                frames.pop()
+                yield "}" if is_object else "]"
+                continue
+            separator = "," if started[0] else ""
+            started[0] = True
+            if is_object:
+                key, pending = child
+                yield f"{separator}{_json_string(key)}:"
+            else:
+                pending = child
+                if separator:
+                    yield separator
+            break
+        else:
+            return
+
+
+_END = object()
+
+
+class LazyText:
+    """A text read from its pieces only as far as it is asked for."""
+
+    def __init__(self, pieces: Iterator[str]) -> None:
+        self._pieces = pieces
+        self._parts: list[str] = []
+        self._length = 0
+        self._complete = False
+
+    def _fill(self, length: float) -> None:
+        while self._length < length and not self._complete:
+            piece = next(self._pieces, None)
+            if piece is None:
+                self._complete = True
+            else:
+                self._parts.append(piece)
+                self._length += len(piece)
+
+    def longer_than(self, length: int) -> bool:
+        """Whether the text has more than ``length`` characters (rendering at most one piece past them)."""
+        self._fill(length + 1)
+        return self._length > length
+
+    def prefix(self, length: float) -> str:
+        """The first ``length`` characters (all of them for ``math.inf``)."""
+        self._fill(length)
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        text = self._parts[0] if self._parts else ""
+        return text if length >= len(text) else text[: int(length)]
+
+
 def question_options(question: Question) -> list[tuple[str, Any]]:
     """The options of a question in prompt order, each as (option id, description or None).
 
@@ -110,19 +213,20 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def state_ids(tokenizer: Tokenizer, text: str, room: int) -> tuple[list[int], int, bool]:
-    """The first ``room`` tokens of ``text``, tokenizing only as much of it as needed.
+def state_ids(tokenizer: Tokenizer, text: str | LazyText, room: int) -> tuple[list[int], int, bool]:
+    """The first ``room`` tokens of ``text``, rendering and tokenizing only as much of it as needed.
 
     Returns (kept ids, tokens seen, whether every token of the text was seen).
     """
+    lazy = text if isinstance(text, LazyText) else LazyText(iter((text,)))
     wanted = room + STATE_MARGIN_TOKENS
     budget = wanted * CHARS_PER_TOKEN_GUESS
-    while len(text) > budget:
-        ids = _ids(tokenizer, text[:budget])
+    while lazy.longer_than(budget):
+        ids = _ids(tokenizer, lazy.prefix(budget))
         if len(ids) >= wanted:
             return ids[:room], len(ids), False
         budget = max(2 * budget, (wanted * budget * 5) // (4 * max(len(ids), 1)))
-    ids = _ids(tokenizer, text)
+    ids = _ids(tokenizer, lazy.prefix(math.inf))
     return ids[:room], len(ids), True
 
 
@@ -182,7 +286,7 @@ def _encode(tokenizer: Tokenizer, request: SystemOneRequest, max_length: int, ov
     if fixed > max_length:
         raise SchemaTooLong(fixed, max_length)
     room = max_length - fixed
-    state, seen, complete = state_ids(tokenizer, render_json(request.state), room)
+    state, seen, complete = state_ids(tokenizer, LazyText(json_pieces(request.state)), room)
     truncated = seen > room
     if truncated and overflow == "refuse":
         raise StateTooLong(seen, complete, room, max_length)

@@ -21,7 +21,8 @@ from predictor.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, au
 from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
 from predictor.health import install_health_routes
 from predictor.http_body import RequestBodyMiddleware
-from predictor.jev_api import DEFAULT_MAX_BATCH_ITEMS, add_routes
+from predictor.body_limits import DEFAULT_MAX_BATCH_ITEMS
+from predictor.jev_api import add_routes
 from predictor.lifecycle import GracefulShutdown
 from predictor.observe import RequestObserverMiddleware
 from predictor.request_policy import RequestPolicy
@@ -86,7 +87,7 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         "--max-batch-items",
         type=int,
         default=DEFAULT_MAX_BATCH_ITEMS,
-        help="most System One bodies in one POST /v1/systemone/batch",
+        help="most System One requests in one body: POST /v1/systemone/batch, KServe V1 instances, V2 inputs[0].data",
     )
     group.add_argument(
         "--max-header-bytes",

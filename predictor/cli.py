@@ -25,6 +25,7 @@ from predictor.api_args import (
     register_aliases,
     resolve_encode_processes,
 )
+from predictor.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engine_args import add_engine_args, new_parser
 from predictor.engines import ENGINE_CHOICES, build_engine
@@ -83,11 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--max-batch", type=int, default=32, help="transformers engine: records per forward pass")
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
-    group.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
+    group.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies, on the wire or decompressed, get 413",
+    )
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
     group.add_argument(
         "--max-queued-requests", type=int, default=None,
         help="records admitted at once; more get 503 + Retry-After (default: 4 x what the engine runs at once)",
+    )
+    group.add_argument(
+        "--max-queue-wait-s", type=float, default=DEFAULT_MAX_QUEUE_WAIT_S,
+        help="a request is refused with 503 + Retry-After when the records already admitted would take longer "
+        "than this to answer at the measured service rate (records answered per busy second)",
     )
     group.add_argument(
         "--answer-cache-bytes", type=int, default=DEFAULT_ANSWER_CACHE_BYTES,
@@ -120,6 +129,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--max-model-len must be at least 64")
     if args.warmup_rounds < 1:
         parser.error("--warmup-rounds must be at least 1")
+    if args.max_queue_wait_s <= 0:
+        parser.error("--max-queue-wait-s must be positive")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
         parser.error("--max-queued-requests must be at least 1")
     if args.answer_cache_bytes < 0:
@@ -205,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_on_engine_death=args.exit_on_engine_death,
         encode_processes=resolve_encode_processes(args, gpu_count()),
         release_dir=model_dir,
+        max_batch_items=args.max_batch_items,
+        max_queue_wait_s=args.max_queue_wait_s,
     )
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:

@@ -6,23 +6,23 @@ A body must arrive within ``body_timeout`` seconds (408 otherwise: a slow sender
 open), decompression runs off the event loop, and KServe V2 binary and CloudEvent bodies are checked
 before KServe decodes them (``predictor.kserve_inputs``).
 
-A JSON body may hold at most ``MAX_JSON_CONTAINERS`` arrays and objects, counted on the raw bytes before
-anything parses it: a few KB of gzip can hold hundreds of thousands of empty lists, and building that
-many Python objects holds the interpreter for seconds whatever thread does it.
+A body's JSON values, arrays and objects are counted on the raw bytes before anything parses it
+(:mod:`predictor.body_limits`, where every body limit lives): past a limit, 413.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import zlib
 from http import HTTPStatus
 from typing import Any, Callable
 
 import orjson
 
-from predictor.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request
+from predictor.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_JSON_CONTAINERS, check_json_counts
+from predictor.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
 from predictor.kserve_inputs import kserve_body_error
+from predictor.service_errors import TooLarge
 
 try:  # Python 3.14+ ships zstd in the standard library.
     from compression.zstd import ZstdDecompressor, ZstdError  # type: ignore[import-not-found]
@@ -35,28 +35,6 @@ Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
 SUPPORTED_ENCODINGS = ("zstd", "gzip", "identity")
-MAX_JSON_CONTAINERS = 100_000
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def json_containers(raw: bytes) -> int:
-    """Arrays and objects in a JSON text: brackets outside strings (an upper bound if it is not JSON)."""
-    count = raw.count(b"[") + raw.count(b"{")
-    if count <= MAX_JSON_CONTAINERS:
-        return count
-    unquoted = _JSON_STRING.sub(b"", raw)
-    return unquoted.count(b"[") + unquoted.count(b"{")
-
-
-def check_json_containers(raw: bytes) -> None:
-    """413 when a body holds more than :data:`MAX_JSON_CONTAINERS` arrays and objects."""
-    count = json_containers(raw)
-    if count > MAX_JSON_CONTAINERS:
-        raise ApiError(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            TOO_LARGE,
-            f"the request body holds {count} JSON arrays and objects, more than the limit of {MAX_JSON_CONTAINERS}",
-        )
 
 
 def _too_large(limit: int, what: str = "request body") -> ApiError:
@@ -118,7 +96,9 @@ def decode_json_body(raw: bytes, content_type: str) -> Any:
 class RequestBodyMiddleware:
     """Reads each request body once: rejects it past ``max_body_bytes`` and decompresses it."""
 
-    def __init__(self, app: Callable[..., Any], max_body_bytes: int, body_timeout: float = 60.0) -> None:
+    def __init__(
+        self, app: Callable[..., Any], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = 60.0
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
@@ -146,12 +126,15 @@ class RequestBodyMiddleware:
             if encoding:
                 body = await asyncio.to_thread(decode_body, body, encoding, self.max_body_bytes)
             if len(body) > MAX_JSON_CONTAINERS:
-                await asyncio.to_thread(check_json_containers, body)
+                await asyncio.to_thread(check_json_counts, body)
             kserve_error = kserve_body_error(scope["path"], headers, body)
             if kserve_error is not None:
                 raise kserve_error
         except ApiError as error:
             await error.response()(scope, receive, send)
+            return
+        except TooLarge as error:
+            await from_service_error(error).response()(scope, receive, send)
             return
         new_headers = [
             (key, value)

@@ -17,12 +17,12 @@ from typing import Any, Awaitable, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from predictor.body_limits import DEFAULT_MAX_BATCH_ITEMS
 from predictor.errors import from_service_error
 from predictor.service import SystemOneService
 from predictor.service_errors import ServiceError
 
 JEV_PREFIX = "/jev"
-DEFAULT_MAX_BATCH_ITEMS = 64
 
 
 def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[JSONResponse]]:

@@ -24,6 +24,12 @@ from kserve import InferOutput, InferRequest, InferResponse, Model
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor import metrics
+from predictor.body_limits import (
+    DEFAULT_MAX_BATCH_ITEMS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    check_item_count,
+    check_texts_json_counts,
+)
 from predictor.encode_pool import EncodePool, InProcessPreparer, Preparer
 from predictor.engines.base import Engine, EngineDead
 from predictor.errors import bad_request
@@ -40,9 +46,10 @@ V2_OUTPUT = "response"
 
 @dataclass(frozen=True)
 class ServingOptions:
-    """How the model serves: warm-up, admission bound, answer cache, reaction to engine death, and
-    ``encode_processes`` worker processes that prepare bodies with the tokenizer of ``release_dir``
-    (0: a thread of the serving process)."""
+    """How the model serves: warm-up, admission bounds (records queued, expected wait in seconds), answer
+    cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
+    tokenizer of ``release_dir`` (0: a thread of the serving process), and the most System One requests one
+    V1/V2 body may hold (``max_batch_items``, as the batch route)."""
 
     warmup_rounds: int = 1
     warmup_max_batch: int = 16
@@ -51,6 +58,8 @@ class ServingOptions:
     exit_on_engine_death: bool = True
     encode_processes: int = 0
     release_dir: Path | None = None
+    max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
+    max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
 
     def __post_init__(self) -> None:
         if self.encode_processes < 0:
@@ -140,6 +149,7 @@ class ClefModel(Model):
                 answer_cache_bytes=self.options.answer_cache_bytes,
                 on_engine_failure=self.watchdog.poke,
                 preparer=self.options.preparer(backend),
+                max_wait_s=self.options.max_queue_wait_s,
             )
             self.backend = backend
             log.info(
@@ -223,6 +233,7 @@ class ClefModel(Model):
         instances = payload.get("instances")
         if not isinstance(instances, list) or not instances:
             raise bad_request("'instances' must be a non-empty list of System One requests", "instances")
+        check_item_count(len(instances), self.options.max_batch_items, "instances")
         predictions = await self.service.answer_many(
             instances, [f"instances[{index}]" for index in range(len(instances))]
         )
@@ -242,7 +253,10 @@ class ClefModel(Model):
             raise bad_request(f"the input's data does not match its shape: {exc}", "inputs[0].data") from None
         if not items:
             raise bad_request("the input holds no requests", "inputs[0].data")
-        bodies = [_decode_v2_item(item, f"inputs[0].data[{index}]") for index, item in enumerate(items)]
+        check_item_count(len(items), self.options.max_batch_items, "inputs[0].data")
+        texts = [_v2_item_text(item, f"inputs[0].data[{index}]") for index, item in enumerate(items)]
+        check_texts_json_counts(texts, "inputs[0].data")
+        bodies = [_decode_v2_item(text, f"inputs[0].data[{index}]") for index, text in enumerate(texts)]
         responses = await self.service.answer_many(
             bodies, [f"inputs[0].data[{index}]" for index in range(len(bodies))]
         )
@@ -255,14 +269,20 @@ class ClefModel(Model):
         return InferResponse(response_id=request.id or "", model_name=self.name, infer_outputs=[output])
 
 
-def _decode_v2_item(item: Any, param: str) -> Any:
-    if isinstance(item, bytes):
-        try:
-            item = item.decode("utf-8")
-        except UnicodeDecodeError:
-            raise bad_request("each element must be UTF-8 JSON text", param) from None
-    if not isinstance(item, str):
+def _v2_item_text(item: Any, param: str) -> bytes:
+    """One V2 element as UTF-8 JSON text (not parsed yet: its values are counted first)."""
+    if isinstance(item, str):
+        return item.encode("utf-8", "surrogatepass")
+    if not isinstance(item, bytes):
         raise bad_request("each element must be a System One request as a JSON string", param)
+    try:
+        item.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request("each element must be UTF-8 JSON text", param) from None
+    return item
+
+
+def _decode_v2_item(item: bytes, param: str) -> Any:
     try:
         return orjson.loads(item)
     except orjson.JSONDecodeError as exc:

@@ -2,7 +2,8 @@
 in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.service_errors`); the HTTP layer maps them to statuses.
-Admission is bounded (``max_queued`` records at once, beyond that :class:`Unavailable` ``overloaded``);
+Admission is bounded (``max_queued`` records at once, and no more than the measured service rate answers
+within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded`` with Retry-After);
 identical prompts are scored once, and a body identical to one answered before is answered without being
 read again (:class:`~predictor.answer_cache.AnswerCache`).
 """
@@ -22,7 +23,9 @@ from clef_head.answers import build_response
 from clef_head.encoder import EncodedRequest
 from clef_head.request import DEFAULT_LIMITS, RequestLimits, SystemOneRequest
 from predictor import metrics, prepare
+from predictor.admission import ServiceRate, retry_after_s
 from predictor.answer_cache import AnswerCache, body_key, cache_key
+from predictor.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.encode_pool import InProcessPreparer, Preparer
 from predictor.engines.base import Engine, EngineDead
 from predictor.lifecycle import Lifecycle
@@ -74,6 +77,7 @@ class SystemOneService:
         answer_cache_bytes: int = 0,
         on_engine_failure: Callable[[], None] = lambda: None,
         preparer: Preparer | None = None,
+        max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
     ) -> None:
         self.engine = engine
         self.card = card
@@ -83,6 +87,10 @@ class SystemOneService:
         self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
         if self.max_queued < 1:
             raise ValueError("max_queued must be at least 1")
+        if max_wait_s <= 0:
+            raise ValueError("max_wait_s must be positive")
+        self.max_wait_s = max_wait_s
+        self.rate = ServiceRate()
         self.preparer: Preparer = preparer if preparer is not None else InProcessPreparer(engine.tokenizer)
         self.cache = AnswerCache(answer_cache_bytes)
         self.queued = 0
@@ -91,9 +99,12 @@ class SystemOneService:
 
     @contextmanager
     def admitted(self, records: int) -> Iterator[None]:
-        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`.
+        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`: when the queue would
+        hold more than ``max_queued`` records, or when the records already admitted would take more than
+        ``max_wait_s`` to answer at the measured service rate (an idle server always admits).
 
-        A request larger than the whole queue is admitted when the queue is empty.
+        A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
+        queue is empty.
         """
         try:
             self.lifecycle.check_serving()
@@ -108,11 +119,24 @@ class SystemOneService:
                 "overloaded",
                 OVERLOADED_RETRY_AFTER_S,
             )
+        # A batch engine runs admitted records together, but a batch takes longer the more it holds: the rate
+        # measured over whole batches says how long the records ahead of this one hold the engine.
+        expected_wait = self.rate.expected_wait_s(self.queued) if self.queued else None
+        if expected_wait is not None and expected_wait > self.max_wait_s:
+            metrics.REJECTED.labels(reason="overloaded").inc()
+            raise Unavailable(
+                f"the server is at capacity: the {self.queued} records queued would take about {expected_wait:.1f} s "
+                f"to answer, more than --max-queue-wait-s {self.max_wait_s:g}; retry shortly",
+                "overloaded",
+                retry_after_s(expected_wait, self.max_wait_s),
+            )
         self.queued += records
+        self.rate.enter(records)
         try:
             yield
         finally:
             self.queued -= records
+            self.rate.leave(records)
 
     @property
     def settings(self) -> PrepareSettings:
@@ -153,6 +177,7 @@ class SystemOneService:
     async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
         """The response body of one validated, encoded request (identical prompts scored once)."""
         logits = await self.cache.score(cache_key(encoded), lambda: self._engine_score(encoded))
+        self.rate.answered()
         answered = time.perf_counter()
         tokens = len(encoded.input_ids)
         count_record(tokens)
@@ -172,6 +197,7 @@ class SystemOneService:
             kept = self.cache.response(key)
             if kept is not None:
                 count_record(kept["usage"]["input_tokens"])
+                self.rate.answered()
                 return kept
             request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
             response = await self.score(request, encoded)

@@ -95,7 +95,9 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
     from clef_head.encoder import encode_request
     from clef_head.request import parse_request
     from predictor.errors import ApiError
-    from predictor.http_body import check_json_containers, decode_body, decode_json_body
+    from predictor.service_errors import TooLarge
+    from predictor.body_limits import check_json_counts
+    from predictor.http_body import decode_body, decode_json_body
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encode_request(tokenizer, parse_request(json.loads(b'{"model": "m", "state": "warm", "questions": {"q": {"type": "noul"}}}')))
@@ -118,11 +120,11 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
         outcome = "encoded"
         try:
             raw = decode_body(body, encoding, 8 << 20)
-            check_json_containers(raw)
+            check_json_counts(raw)
             encoded = encode_request(tokenizer, parse_request(decode_json_body(raw, "application/json")), max_length=max_length)
             outcome += f" ({len(encoded.input_ids)} tokens, state truncated: {encoded.state_truncated})"
-        except ApiError as error:
-            outcome = f"{error.status}: {error.full_message()[:120]}"
+        except (ApiError, TooLarge) as error:
+            outcome = f"{type(error).__name__}: {str(error)[:120]}"
         seconds = time.perf_counter() - begun
         done.set()
         sampler.join()

@@ -95,3 +95,56 @@ def test_encoding_from_64_threads_at_once_matches_one_at_a_time(tokenizer: Any) 
     with ThreadPoolExecutor(max_workers=64) as pool:
         together = list(pool.map(lambda i: encode_request(tokenizer, requests[i % 16], max_length=MAX_LENGTH).input_ids, range(256)))
     assert together == [alone[i % 16] for i in range(256)]
+
+
+def _deep(depth: int, leaf: Any = "leaf") -> Any:
+    """A value nested ``2 * depth`` levels (an object and an array per level) around ``leaf``."""
+    value: Any = leaf
+    for level in range(depth):
+        value = {f"level{level}": [value, level]} if level % 2 else [value, {"x": level}]
+    return value
+
+
+HUGE_STATES = {
+    "million_short_strings": ["ab"] * 1_000_000,
+    "many_keys": {f"key{index:06d}": index for index in range(200_000)},
+    "deep": _deep(60, leaf=["ab"] * 100_000),
+    "wide_and_deep": [_deep(40)] * 2000,
+    "nested_many_keys": {"outer": {f"k{index}": [index, "é"] for index in range(50_000)}, "a": None},
+}
+
+
+@pytest.mark.parametrize("name", HUGE_STATES)
+def test_huge_states_are_rendered_only_as_far_as_the_prompt_reads(tokenizer: Any, reference: ModuleType, name: str) -> None:
+    from clef_head import encoder
+
+    state = HUGE_STATES[name]
+    counting = CountingTokenizer(tokenizer)
+    rendered: list[int] = []
+    pieces = encoder.json_pieces
+
+    def counted_pieces(value: Any) -> Any:
+        for piece in pieces(value):
+            rendered.append(len(piece))
+            yield piece
+
+    encoder.json_pieces = counted_pieces  # type: ignore[assignment]
+    try:
+        ours = encode_request(counting, parse_request(_body(state)), max_length=MAX_LENGTH)
+    finally:
+        encoder.json_pieces = pieces  # type: ignore[assignment]
+    theirs = reference.encode_record(tokenizer, _body(state), max_length=MAX_LENGTH)
+    assert ours.input_ids == list(theirs.input_ids)
+    assert ours.state_truncated
+    text = render_json(state)
+    assert sum(rendered) < len(text) // 10, "the state was rendered far past what the prompt can hold"
+    assert max(counting.lengths) < len(text) // 10, "the state was tokenized far past what the prompt can hold"
+
+
+@pytest.mark.parametrize("max_length", [200, 256, 300, 512, 1024])
+def test_truncation_matches_the_release_code_at_every_cut(tokenizer: Any, reference: ModuleType, max_length: int) -> None:
+    state = {"log": [{"line": _words(12, seed), "n": seed, "ok": seed % 3 == 0} for seed in range(400)]}
+    ours = encode_request(tokenizer, parse_request(_body(state)), max_length=max_length)
+    theirs = reference.encode_record(tokenizer, _body(state), max_length=max_length)
+    assert ours.input_ids == list(theirs.input_ids)
+    assert ours.state_truncated

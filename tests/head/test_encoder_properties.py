@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from clef_head.encoder import PROMPT_HEAD, SchemaTooLong, encode_request, render_json
+from clef_head.encoder import PROMPT_HEAD, SchemaTooLong, encode_request, json_pieces, render_json
 from clef_head.request import parse_request
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
@@ -102,3 +102,13 @@ def test_max_length_cuts_only_the_state(body: dict[str, Any], max_length: int, t
     assert cut.input_ids[head + kept :] == full.input_ids[head + state :]  # the schema is never cut
     for short, long in zip(cut.layout.questions, full.layout.questions):
         assert short.option_spans == tuple((s - removed, e - removed) for s, e in long.option_spans)
+
+
+@SETTINGS
+@given(value=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | text,
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(text, children, max_size=5),
+    max_leaves=40,
+))
+def test_state_pieces_join_to_the_rendered_text(value: Any) -> None:
+    assert "".join(json_pieces(value)) == render_json(value)

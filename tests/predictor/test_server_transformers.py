@@ -592,3 +592,37 @@ def test_reliability_scripts_refuse_other_hosts() -> None:
     assert loopback_url("http://127.0.0.1:1/") == "http://127.0.0.1:1"
     with pytest.raises(SystemExit, match="not a loopback address"):
         loopback_url("http://192.0.2.1:8080")
+
+
+def _zstd(raw: bytes) -> bytes:
+    try:
+        from compression.zstd import compress  # type: ignore[import-not-found]
+    except ImportError:
+        from backports.zstd import compress
+    return compress(raw)
+
+
+def test_bodies_that_inflate_past_the_body_limit_are_refused_on_every_route(client: httpx.Client) -> None:
+    strings = json.dumps(simple_request(state=["ab"] * 1_000_000)).encode()
+    cases = [
+        ("/v1/systemone", "gzip", gzip.compress(strings)),
+        ("/v1/systemone/batch", "zstd", _zstd(b"[" + strings + b"]")),
+        (f"/v1/models/{MODEL_NAME}:predict", "zstd", _zstd(b'{"instances":[' + strings + b"]}")),
+        (f"/v2/models/{MODEL_NAME}/infer", "gzip", gzip.compress(json.dumps(_v2([strings.decode()])).encode())),
+    ]
+    for path, encoding, content in cases:
+        assert len(content) <= 64 << 10
+        response = client.post(path, content=content, headers={"content-encoding": encoding})
+        assert response.status_code == 413, (path, response.text)
+        assert f"larger than the limit of {MAX_BODY_BYTES} bytes" in response.json()["error"]["message"], response.text
+
+
+def test_kserve_bodies_hold_at_most_max_batch_items_requests(client: httpx.Client) -> None:
+    too_many = [simple_request()] * 65
+    response = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": too_many})
+    assert response.status_code == 422 and response.json()["error"]["param"] == "instances", response.text
+    assert "65 System One requests" in response.text and "--max-batch-items" in response.text
+    response = client.post(f"/v2/models/{MODEL_NAME}/infer", json=_v2([json.dumps(r) for r in too_many]))
+    assert response.status_code == 422 and response.json()["error"]["param"] == "inputs[0].data", response.text
+    assert "--max-batch-items" in response.text
+    assert client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [simple_request()] * 64}).status_code == 200
