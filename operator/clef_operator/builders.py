@@ -86,9 +86,18 @@ def label_value(name: str) -> str:
 
 
 def build_resources(spec: ClefDecisionSpec, gpus: int) -> dict[str, dict[str, str | int]]:
-    """The container's resources: the spec's (default CPU/memory requests) with ``nvidia.com/gpu`` = ``gpus``."""
+    """The container's resources: the spec's (default CPU/memory requests) with ``nvidia.com/gpu`` = ``gpus``.
+
+    A CPU or memory request without a limit gets a limit equal to the request: KServe's defaulting webhook gives
+    every container without a CPU or memory limit its configured default (1 CPU, 2Gi out of the box), which is
+    below our requests, and the API server then refuses KServe's Deployment ("must be less than or equal to cpu
+    limit").
+    """
     requests = dict(spec.predictor.resources.get("requests") or DEFAULT_REQUESTS)
     limits = dict(spec.predictor.resources.get("limits", {}))
+    for name in ("cpu", "memory"):
+        if name in requests:
+            limits.setdefault(name, requests[name])
     requests[GPU_RESOURCE] = str(gpus)
     limits[GPU_RESOURCE] = str(gpus)
     return {"requests": requests, "limits": limits}

@@ -58,8 +58,9 @@ def test_predictor_contract() -> None:
         {"name": "TRITON_CACHE_AUTOTUNING", "value": "1"},
         {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
     ]
+    # Limits equal to the requests where the spec sets none: KServe's defaulter would add 1 CPU / 2Gi.
     assert container["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
-                                      "limits": {"nvidia.com/gpu": "4"}}
+                                      "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"}}
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "compile-cache", "mountPath": "/var/cache/clef"},
@@ -165,7 +166,7 @@ def test_drift_is_judged_on_managed_fields_only() -> None:
     desired = _isvc()
     live = copy.deepcopy(desired)
     # What others add (KServe's defaults, foreign labels, status) is not drift.
-    live["spec"]["predictor"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+    live["spec"]["predictor"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = "1Gi"
     live["spec"]["predictor"]["timeout"] = 60
     live["metadata"]["labels"]["team"] = "ml"
     live["status"] = {"url": "http://x"}
