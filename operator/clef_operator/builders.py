@@ -186,6 +186,12 @@ def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict
     return fields
 
 
+# KServe's default rolling update (25 % surge) asks for a new pod's GPUs before an old pod frees its own: on a
+# pool whose GPUs are all taken (a one-GPU node, a full pool) the new pod stays Pending and the rollout never
+# ends. Replacing one replica at a time needs no spare GPU.
+ROLLING_WITHOUT_SURGE: dict[str, Any] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
 def build_inferenceservice(
     *,
     decision: str,
@@ -244,6 +250,8 @@ def build_inferenceservice(
     security_context = build_pod_security_context(spec)
     if security_context is not None:
         predictor["securityContext"] = security_context
+    if spec.deploymentMode == "Standard":
+        predictor["deploymentStrategy"] = ROLLING_WITHOUT_SURGE
     return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",
