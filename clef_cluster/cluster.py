@@ -58,9 +58,16 @@ class Cluster:
         """The API server's URL."""
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
 
+    @property
+    def kube_cache(self) -> Path:
+        """kubectl's discovery cache for this cluster: the default one is keyed by host and port, and a free
+        port reused by a later cluster would find the earlier cluster's resource list there."""
+        return self.folder / "kube-cache"
+
     def env(self) -> dict[str, str]:
         """What a shell or a test needs to talk to the cluster."""
-        return {"KUBECONFIG": str(self.kubeconfig), "CLEF_CLUSTER_DIR": str(self.folder)}
+        return {"KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.kube_cache),
+                "CLEF_CLUSTER_DIR": str(self.folder)}
 
     def save(self) -> None:
         """Write state.json (after every started process, so ``down`` works even after a failed ``up``)."""
@@ -78,7 +85,8 @@ class Cluster:
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster as its admin."""
-        return subprocess.run([kubectl_path(), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+        return subprocess.run([kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}",
+                               *args], input=stdin,
                               capture_output=True, text=True, check=check, timeout=120)
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
