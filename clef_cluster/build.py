@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,12 +86,13 @@ def build(with_kserve: bool = True, log: bool = True) -> Path:
             return target
         target.mkdir(parents=True, exist_ok=True)
         if any(name in CONTROL_PLANE for name in todo):
-            _timed(log, "the control plane",
-                   lambda: _go_build(GO_DIR, list(CONTROL_PLANE.values()), target, kubernetes_ldflags()))
+            with _timed(log, "the control plane"):
+                _go_build(GO_DIR, list(CONTROL_PLANE.values()), target, kubernetes_ldflags())
         for name in (n for n in OWN_MODULE if n in todo):
             module, version, package = OWN_MODULE[name]
-            _timed(log, name, lambda: _go_build(module_source(module, version), [package], target, LDFLAGS,
-                                                rename={Path(package).name: name}))
+            with _timed(log, name):
+                _go_build(module_source(module, version), [package], target, LDFLAGS,
+                          rename={Path(package).name: name})
     return target
 
 
@@ -130,11 +131,12 @@ def _workdir() -> Path:
     return path
 
 
-def _timed(log: bool, what: str, step: Callable[[], None]) -> None:
+@contextmanager
+def _timed(log: bool, what: str) -> Iterator[None]:
     start = time.monotonic()
     if log:
         print(f"building {what} (first time for these versions; cached in {cache_root()})", flush=True)
-    step()
+    yield
     if log:
         print(f"built {what} in {time.monotonic() - start:.0f} s", flush=True)
 

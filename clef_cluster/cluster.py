@@ -192,6 +192,8 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
         str(bins / "kwok"), f"--kubeconfig={cluster.kubeconfig}", "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}={nodes.KWOK_VALUE}",
         "--manage-nodes-with-label-selector=", "--cidr=10.0.0.1/16", "--node-ip=10.0.0.1",
+        f"--disregard-status-with-annotation-selector={nodes.CUSTOM_STATUS_ANNOTATION}={nodes.CUSTOM_STATUS_VALUE}",
+        "--disregard-status-with-label-selector=",
         "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{cluster.ports['kwok']}",
     ], env={**os.environ, "HOME": str(folder)})  # HOME: no user-wide ~/.kwok configuration
     wait_for(lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kwok']}/healthz"), "kwok", cluster.process("kwok"))

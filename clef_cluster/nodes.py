@@ -12,6 +12,9 @@ from typing import Any
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_VALUE = "fake"
+# Pods (or nodes) carrying this annotation are left to whoever sets their status (see clef_cluster.faults).
+CUSTOM_STATUS_ANNOTATION = "kwok.x-k8s.io/status"
+CUSTOM_STATUS_VALUE = "custom"
 GKE_POOL = "cloud.google.com/gke-nodepool"
 EKS_POOL = "eks.amazonaws.com/nodegroup"
 KARPENTER_POOL = "karpenter.sh/nodepool"

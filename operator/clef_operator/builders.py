@@ -188,8 +188,10 @@ def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict
 
 # KServe's default rolling update (25 % surge) asks for a new pod's GPUs before an old pod frees its own: on a
 # pool whose GPUs are all taken (a one-GPU node, a full pool) the new pod stays Pending and the rollout never
-# ends. Replacing one replica at a time needs no spare GPU.
-ROLLING_WITHOUT_SURGE: dict[str, Any] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+# ends. A rolling update without surge would need maxUnavailable >= 1, and KServe calls a predictor Ready when
+# its Deployment is Available, which such a Deployment of one replica is with no pod ready (the ClefDecision
+# would be Ready during the warm-up). Recreate needs no spare GPU and keeps Available = every replica ready.
+REPLACE_WITHOUT_SURGE: dict[str, Any] = {"type": "Recreate"}
 
 
 def build_inferenceservice(
@@ -251,7 +253,7 @@ def build_inferenceservice(
     if security_context is not None:
         predictor["securityContext"] = security_context
     if spec.deploymentMode == "Standard":
-        predictor["deploymentStrategy"] = ROLLING_WITHOUT_SURGE
+        predictor["deploymentStrategy"] = REPLACE_WITHOUT_SURGE
     return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kube import OPERATOR_DEPLOYMENT, README_NS, REPO, SYSTEM_NS, Kube, eventually
 from tests.cluster.helpers import (
     DECISION_LABEL,
     FP8_POOLS,
@@ -18,6 +17,7 @@ from tests.cluster.helpers import (
     pods_of,
     pool_status,
 )
+from tests.cluster.kube import OPERATOR_DEPLOYMENT, README_NS, REPO, SYSTEM_NS, Kube, eventually
 
 pytestmark = pytest.mark.cluster
 

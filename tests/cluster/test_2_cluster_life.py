@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from clef_cluster.faults import crash_pod
 from clef_cluster.nodes import GpuPool
+from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
 from tests.cluster.kube import Kube, Operator, eventually
-from tests.cluster.helpers import ISVC_LABEL, is_ready, pod_ready, pods_of, pool_status
 
 pytestmark = pytest.mark.cluster
 
@@ -148,6 +149,29 @@ def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: 
                "KServe's Deployment back at 1 replica")
 
 
+def test_a_crashing_predictor_makes_the_decision_not_ready(kube: Kube, operator: Operator,
+                                                          nodes_to_remove: list[str]) -> None:
+    pool = hopper("crash")
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-crash", ["crash"])
+    wait_serving(kube, "life-crash", "crash")
+    (pod,) = pods_of(kube, "life-crash-crash", "life-crash")
+    crash_pod(kube.cluster, "life-crash", pod["metadata"]["name"])
+
+    def not_ready() -> dict[str, Any] | None:
+        decision = get_decision(kube, "life-crash")
+        ready = condition(decision, "Ready")
+        return ready if ready.get("status") == "False" else None
+
+    ready = eventually(not_ready, "the ClefDecision to stop being Ready")
+    assert ready["reason"] == "PredictorsNotReady" and "life-crash-crash" in ready["message"], ready
+    assert pool_status(get_decision(kube, "life-crash"))["crash"]["ready"] is False
+    # kwok no longer runs that pod, so nothing would confirm a graceful deletion: delete it at once.
+    kube.run("delete", "pod", pod["metadata"]["name"], "-n", "life-crash", "--grace-period=0", "--force")
+    wait_serving(kube, "life-crash", "crash")
+
+
 def test_decision_deleted_while_the_operator_is_down(kube: Kube, operator: Operator,
                                                      nodes_to_remove: list[str]) -> None:
     pool = hopper("orphan")
@@ -179,7 +203,7 @@ def test_namespace_deletion_removes_everything(kube: Kube, operator: Operator, n
 
 def test_invalid_decisions_are_refused_by_the_api_server(kube: Kube, installed_chart: dict[str, Any]) -> None:
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "life-invalid"}})
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"quantization": "int8"}, "spec.quantization"),
         ({"quantization": "fp8", "minComputeCapability": "8.0"}, "spec"),
         ({"replicas": -1}, "spec.replicas"),

@@ -3,6 +3,7 @@ nothing behind (the garbage collector follows the ownerReferences). Runs last: i
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -13,6 +14,11 @@ from tests.cluster.kube import CHART, README_NS, RELEASE, SYSTEM_NS, Kube, Opera
 pytestmark = pytest.mark.cluster
 
 NEW_TAG = "0.1.1-upgrade"
+
+
+def none_left(kube: Kube, kind: str, namespace: str, selector: str | None = None) -> bool:
+    """Whether no object of ``kind`` (matching ``selector``) is left in ``namespace``."""
+    return kube.get(kind, namespace=namespace, selector=selector) == []
 
 
 def test_helm_upgrade_with_a_new_predictor_image_rolls_the_predictors(
@@ -43,8 +49,7 @@ def test_helm_uninstall_leaves_no_orphans(kube: Kube, operator: Operator, readme
     kube.helm("uninstall", RELEASE, f"--namespace={SYSTEM_NS}", "--wait", "--timeout=3m")
     instance = f"app.kubernetes.io/instance={RELEASE}"
     for kind in ("deployments", "replicasets", "pods", "serviceaccounts", "roles", "rolebindings"):
-        eventually(lambda kind=kind: kube.get(kind, namespace=SYSTEM_NS, selector=instance) == [],
-                   f"no {kind} of the release left")
+        eventually(partial(none_left, kube, kind, SYSTEM_NS, instance), f"no {kind} of the release left")
     for kind in ("clusterroles", "clusterrolebindings", "clusterkopfpeerings"):
         assert kube.get(kind, selector=instance) == [], kind
     # The ServiceAccount is gone, so its tokens are refused.
@@ -54,6 +59,5 @@ def test_helm_uninstall_leaves_no_orphans(kube: Kube, operator: Operator, readme
     # collector, with no operator running.
     kube.run("delete", "clefdecisions", "--all", "--all-namespaces", "--wait=true", "--timeout=60s")
     for kind in ("inferenceservices", "deployments", "pods"):
-        eventually(lambda kind=kind: kube.get(kind, namespace=README_NS, selector=None) == [],
-                   f"no {kind} left in {README_NS}")
+        eventually(partial(none_left, kube, kind, README_NS), f"no {kind} left in {README_NS}")
     assert kube.get("inferenceservices", selector=DECISION_LABEL) == []

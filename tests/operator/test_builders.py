@@ -263,10 +263,10 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
     assert str(cli.build_parser().parse_args(keyed["args"]).api_key_file) == "/etc/clef/api-keys/keys"
 
 
-def test_standard_mode_rolls_one_replica_at_a_time_without_surge() -> None:
-    # A surge pod would need GPUs that a full pool does not have, and the rollout would never end.
+def test_standard_mode_replaces_pods_without_surge() -> None:
+    # A surge pod would need GPUs that a full pool does not have, and the rollout would never end; a rolling
+    # update with maxUnavailable 1 would make a one-replica Deployment Available (KServe: Ready) with no pod ready.
     predictor = _isvc()["spec"]["predictor"]
-    assert predictor["deploymentStrategy"] == {"type": "RollingUpdate",
-                                               "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert predictor["deploymentStrategy"] == {"type": "Recreate"}
     # Knative makes revisions, not Deployments: KServe's deploymentStrategy is for Standard mode only.
     assert "deploymentStrategy" not in _isvc(deploymentMode="Knative")["spec"]["predictor"]
