@@ -86,9 +86,18 @@ def label_value(name: str) -> str:
 
 
 def build_resources(spec: ClefDecisionSpec, gpus: int) -> dict[str, dict[str, str | int]]:
-    """The container's resources: the spec's (default CPU/memory requests) with ``nvidia.com/gpu`` = ``gpus``."""
+    """The container's resources: the spec's (default CPU/memory requests) with ``nvidia.com/gpu`` = ``gpus``.
+
+    A CPU or memory request without a limit gets a limit equal to the request: KServe's defaulting webhook gives
+    every container without a CPU or memory limit its configured default (1 CPU, 2Gi out of the box), which is
+    below our requests, and the API server then refuses KServe's Deployment ("must be less than or equal to cpu
+    limit").
+    """
     requests = dict(spec.predictor.resources.get("requests") or DEFAULT_REQUESTS)
     limits = dict(spec.predictor.resources.get("limits", {}))
+    for name in ("cpu", "memory"):
+        if name in requests:
+            limits.setdefault(name, requests[name])
     requests[GPU_RESOURCE] = str(gpus)
     limits[GPU_RESOURCE] = str(gpus)
     return {"requests": requests, "limits": limits}
@@ -177,6 +186,14 @@ def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict
     return fields
 
 
+# KServe's default rolling update (25 % surge) asks for a new pod's GPUs before an old pod frees its own: on a
+# pool whose GPUs are all taken (a one-GPU node, a full pool) the new pod stays Pending and the rollout never
+# ends. A rolling update without surge would need maxUnavailable >= 1, and KServe calls a predictor Ready when
+# its Deployment is Available, which such a Deployment of one replica is with no pod ready (the ClefDecision
+# would be Ready during the warm-up). Recreate needs no spare GPU and keeps Available = every replica ready.
+REPLACE_WITHOUT_SURGE: dict[str, Any] = {"type": "Recreate"}
+
+
 def build_inferenceservice(
     *,
     decision: str,
@@ -235,6 +252,8 @@ def build_inferenceservice(
     security_context = build_pod_security_context(spec)
     if security_context is not None:
         predictor["securityContext"] = security_context
+    if spec.deploymentMode == "Standard":
+        predictor["deploymentStrategy"] = REPLACE_WITHOUT_SURGE
     return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",

@@ -60,8 +60,9 @@ def test_predictor_contract() -> None:
         {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
         {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
     ]
+    # Limits equal to the requests where the spec sets none: KServe's defaulter would add 1 CPU / 2Gi.
     assert container["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
-                                      "limits": {"nvidia.com/gpu": "4"}}
+                                      "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"}}
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "compile-cache", "mountPath": "/var/cache/clef"},
@@ -167,7 +168,7 @@ def test_drift_is_judged_on_managed_fields_only() -> None:
     desired = _isvc()
     live = copy.deepcopy(desired)
     # What others add (KServe's defaults, foreign labels, status) is not drift.
-    live["spec"]["predictor"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+    live["spec"]["predictor"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = "1Gi"
     live["spec"]["predictor"]["timeout"] = 60
     live["metadata"]["labels"]["team"] = "ml"
     live["status"] = {"url": "http://x"}
@@ -264,3 +265,12 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
     assert args.shutdown_delay + args.drain_timeout < 30
     keyed = _isvc(predictor={"apiKeySecret": {"name": "clef-keys"}})["spec"]["predictor"]["containers"][0]
     assert str(cli.build_parser().parse_args(keyed["args"]).api_key_file) == "/etc/clef/api-keys/keys"
+
+
+def test_standard_mode_replaces_pods_without_surge() -> None:
+    # A surge pod would need GPUs that a full pool does not have, and the rollout would never end; a rolling
+    # update with maxUnavailable 1 would make a one-replica Deployment Available (KServe: Ready) with no pod ready.
+    predictor = _isvc()["spec"]["predictor"]
+    assert predictor["deploymentStrategy"] == {"type": "Recreate"}
+    # Knative makes revisions, not Deployments: KServe's deploymentStrategy is for Standard mode only.
+    assert "deploymentStrategy" not in _isvc(deploymentMode="Knative")["spec"]["predictor"]

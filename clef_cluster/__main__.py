@@ -1,0 +1,69 @@
+"""``python -m clef_cluster build|up|down|env|status``: the real-cluster tooling from a shell.
+
+    python -m clef_cluster up                  # build once (cached), start everything, print the env
+    eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
+    python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
+    python -m clef_cluster down
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from clef_cluster import build as building
+from clef_cluster.cluster import Cluster, ClusterError, down, up
+from clef_cluster.storage import namespace_with_claims
+from clef_cluster.versions import bin_dir, cache_root
+
+DIR_ENV = "CLEF_CLUSTER_DIR"
+
+
+def default_folder() -> Path:
+    """Where ``up`` keeps the running cluster: $CLEF_CLUSTER_DIR, else <cache>/run."""
+    return Path(os.environ.get(DIR_ENV, cache_root() / "run"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clef_cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims"])
+    parser.add_argument("namespace", nargs="?", default="ml-serving", help="for claims (default ml-serving)")
+    parser.add_argument("--dir", type=Path, default=None, help=f"cluster folder (default ${DIR_ENV} or <cache>/run)")
+    parser.add_argument("--no-kserve", action="store_true", help="no KServe controller (and no KServe build)")
+    parser.add_argument("--no-nodes", action="store_true", help="no fake GPU node pools")
+    args = parser.parse_args(argv)
+    folder = (args.dir or default_folder()).resolve()
+    try:
+        if args.command == "build":
+            print(building.build(with_kserve=not args.no_kserve))
+        elif args.command == "up":
+            cluster = up(folder, with_kserve=not args.no_kserve, with_nodes=not args.no_nodes)
+            _print_env(cluster)
+        elif args.command == "down":
+            down(folder)
+        elif args.command == "claims":
+            Cluster.load(folder).apply(namespace_with_claims(args.namespace))
+        elif args.command == "env":
+            _print_env(Cluster.load(folder))
+        else:
+            cluster = Cluster.load(folder)
+            for process in cluster.processes:
+                print(f"{process.name:24} pid {process.pid:7}  {'running' if process.alive() else 'stopped'}")
+            print(f"binaries: {bin_dir()}")
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_env(cluster: Cluster) -> None:
+    for key, value in cluster.env().items():
+        print(f"export {key}={shlex.quote(value)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Bring the cluster up, describe it, take it down.
+
+``up`` starts, in order and each on free 127.0.0.1 ports: etcd -> kube-apiserver (Node and RBAC authorizers,
+service-account tokens signed with a key made here, the default admission plugins plus
+OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default controller, each with its own
+service-account credentials) -> kube-scheduler -> kwok (fake nodes) -> the fake GPU node pools -> optionally
+KServe's manager in Standard (RawDeployment) mode with its webhooks registered. Every process and port is
+recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clef_cluster import kserve, nodes, pki
+from clef_cluster.build import KSERVE_MANAGER, build
+from clef_cluster.processes import Recorded, start, stop
+
+SERVICE_CIDR = "10.96.0.0/16"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
+START_TIMEOUT = 120.0
+
+
+class ClusterError(RuntimeError):
+    """A component did not start, or the cluster is not in the state asked for."""
+
+
+@dataclass
+class Cluster:
+    """A running cluster: its folder, the admin kubeconfig, ports and processes."""
+
+    folder: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: list[Recorded] = field(default_factory=list)
+    kserve: bool = False
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The cluster-admin kubeconfig."""
+        return self.folder / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        """The API server's URL."""
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    @property
+    def kube_cache(self) -> Path:
+        """kubectl's discovery cache for this cluster: the default one is keyed by host and port, and a free
+        port reused by a later cluster would find the earlier cluster's resource list there."""
+        return self.folder / "kube-cache"
+
+    def env(self) -> dict[str, str]:
+        """What a shell or a test needs to talk to the cluster."""
+        return {"KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.kube_cache),
+                "CLEF_CLUSTER_DIR": str(self.folder)}
+
+    def save(self) -> None:
+        """Write state.json (after every started process, so ``down`` works even after a failed ``up``)."""
+        state = {"ports": self.ports, "kserve": self.kserve, "processes": [p.as_dict() for p in self.processes]}
+        (self.folder / "state.json").write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path) -> Cluster:
+        """The cluster recorded in ``folder``."""
+        try:
+            state = json.loads((folder / "state.json").read_text())
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster in {folder} (no state.json)") from None
+        return cls(folder, state["ports"], [Recorded(**p) for p in state["processes"]], state["kserve"])
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster as its admin."""
+        return subprocess.run([kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}",
+                               *args], input=stdin,
+                              capture_output=True, text=True, check=check, timeout=120)
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """Server-side apply of ``objects`` as the admin."""
+        docs = yaml.safe_dump_all(objects)
+        result = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=docs, check=False)
+        if result.returncode:
+            raise ClusterError(f"kubectl apply failed: {result.stderr.strip()}")
+
+    def process(self, name: str) -> Recorded:
+        """The recorded process called ``name``."""
+        return next(p for p in self.processes if p.name == name)
+
+    def restart(self, name: str) -> None:
+        """Stop a component and start it again with the same arguments (kept in ``<name>.args``)."""
+        old = self.process(name)
+        stop(old)
+        spec = json.loads((self.folder / f"{name}.args").read_text())
+        self.processes[self.processes.index(old)] = start(name, spec["args"], self.folder, spec["env"])
+        self.save()
+
+
+def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True) -> Cluster:
+    """Build what is missing, start every component and wait until each one serves; see the module doc."""
+    bins = build(with_kserve=with_kserve)
+    folder = folder.resolve()
+    if (folder / "state.json").exists() and any(p.alive() for p in Cluster.load(folder).processes):
+        raise ClusterError(f"a cluster already runs in {folder}; run down first")
+    folder.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(folder, kserve=with_kserve)
+    cluster.save()
+    try:
+        _start_control_plane(cluster, bins)
+        if with_nodes:
+            cluster.apply(nodes.all_nodes())
+            wait_for(lambda: _ready_nodes(cluster) >= len(nodes.all_nodes()), "the fake nodes to be Ready")
+        if with_kserve:
+            _start_kserve(cluster, bins)
+    except BaseException:
+        down(folder)
+        raise
+    return cluster
+
+
+def down(folder: Path) -> None:
+    """Stop the processes ``up`` started in ``folder`` (newest first) and forget them."""
+    cluster = Cluster.load(folder.resolve())
+    for process in reversed(cluster.processes):
+        stop(process)
+    cluster.processes = []
+    cluster.save()
+
+
+def _start_control_plane(cluster: Cluster, bins: Path) -> None:
+    folder = cluster.folder
+    pki_dir = folder / "pki"
+    ca = pki.Authority.create(pki_dir)
+    serving = ca.serving("kube-apiserver", (*pki.LOOPBACK_NAMES, "10.96.0.1", "kubernetes", "kubernetes.default",
+                                            "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))
+    sa = pki.signing_key(pki_dir)
+    for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok"):
+        cluster.ports[name] = free_port()
+    admin = ca.client("admin", "clef-cluster-admin", ("system:masters",))
+    _kubeconfig(cluster, "admin", admin, ca.cert)
+    cm = _kubeconfig(cluster, "controller-manager", ca.client("controller-manager", "system:kube-controller-manager"),
+                     ca.cert)
+    scheduler = _kubeconfig(cluster, "scheduler", ca.client("scheduler", "system:kube-scheduler"), ca.cert)
+
+    etcd_url, peer_url = (f"http://127.0.0.1:{cluster.ports[n]}" for n in ("etcd", "etcd-peer"))
+    _launch(cluster, "etcd", [
+        str(bins / "etcd"), "--name=clef", f"--data-dir={folder / 'etcd'}", f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}", f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}", f"--initial-cluster=clef={peer_url}",
+        "--unsafe-no-fsync", "--log-level=warn",
+    ])
+    wait_for(lambda: _http_ok(f"{etcd_url}/health"), "etcd", cluster.process("etcd"))
+
+    _launch(cluster, "kube-apiserver", [
+        str(bins / "kube-apiserver"), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
+        f"--secure-port={cluster.ports['kube-apiserver']}", f"--tls-cert-file={serving.cert}",
+        f"--tls-private-key-file={serving.key}", f"--client-ca-file={ca.cert}", "--authorization-mode=Node,RBAC",
+        f"--service-account-issuer={ISSUER}", f"--service-account-key-file={sa.cert}",
+        f"--service-account-signing-key-file={sa.key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--enable-admission-plugins={ADMISSION_PLUGINS}", "--endpoint-reconciler-type=none",
+        "--allow-privileged=true", f"--cert-dir={folder / 'apiserver'}", "--profiling=false",
+    ])
+    wait_for(lambda: _http_ok(f"{cluster.server}/readyz", ca.cert, admin), "kube-apiserver",
+             cluster.process("kube-apiserver"))
+
+    _launch(cluster, "kube-controller-manager", [
+        str(bins / "kube-controller-manager"), f"--kubeconfig={cm}", "--secure-port=0", "--leader-elect=false",
+        "--use-service-account-credentials=true", f"--service-account-private-key-file={sa.key}",
+        f"--root-ca-file={ca.cert}", "--kube-api-qps=100", "--kube-api-burst=200",
+    ])
+    # The service-account controller making `default` in a namespace shows the controllers run.
+    wait_for(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+             .returncode == 0, "kube-controller-manager", cluster.process("kube-controller-manager"))
+
+    _launch(cluster, "kube-scheduler", [
+        str(bins / "kube-scheduler"), f"--kubeconfig={scheduler}", "--secure-port=0", "--leader-elect=false",
+    ])
+    _launch(cluster, "kwok", [
+        str(bins / "kwok"), f"--kubeconfig={cluster.kubeconfig}", "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}={nodes.KWOK_VALUE}",
+        "--manage-nodes-with-label-selector=", "--cidr=10.0.0.1/16", "--node-ip=10.0.0.1",
+        f"--disregard-status-with-annotation-selector={nodes.CUSTOM_STATUS_ANNOTATION}={nodes.CUSTOM_STATUS_VALUE}",
+        "--disregard-status-with-label-selector=",
+        "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{cluster.ports['kwok']}",
+    ], env={**os.environ, "HOME": str(folder)})  # HOME: no user-wide ~/.kwok configuration
+    wait_for(lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kwok']}/healthz"), "kwok", cluster.process("kwok"))
+    wait_for(lambda: cluster.process("kube-scheduler").alive(), "kube-scheduler", cluster.process("kube-scheduler"))
+
+
+def _start_kserve(cluster: Cluster, bins: Path) -> None:
+    for name in ("kserve-webhook", "kserve-metrics", "kserve-probe"):
+        cluster.ports[name] = free_port()
+    certs = kserve.prepare(cluster)
+    _launch(cluster, "kserve-manager", [
+        str(bins / KSERVE_MANAGER), f"--webhook-port={cluster.ports['kserve-webhook']}",
+        f"--metrics-addr=127.0.0.1:{cluster.ports['kserve-metrics']}",
+        f"--health-probe-addr=127.0.0.1:{cluster.ports['kserve-probe']}",
+    ], env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAMESPACE": kserve.NAMESPACE,
+            "TMPDIR": str(certs)})
+    wait_for(lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kserve-probe']}/readyz"), "KServe's manager",
+             cluster.process("kserve-manager"))
+    kserve.register_webhooks(cluster)
+
+
+def _launch(cluster: Cluster, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    (cluster.folder / f"{name}.args").write_text(json.dumps({"args": args, "env": env}))
+    cluster.processes.append(start(name, args, cluster.folder, env))
+    cluster.save()
+
+
+def _kubeconfig(cluster: Cluster, name: str, client: pki.Pair, ca: Path) -> Path:
+    path = cluster.folder / f"{name}.kubeconfig"
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "clef",
+        "clusters": [{"name": "clef", "cluster": {"server": cluster.server, "certificate-authority": str(ca)}}],
+        "users": [{"name": name, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}],
+        "contexts": [{"name": "clef", "context": {"cluster": "clef", "user": name}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def _ready_nodes(cluster: Cluster) -> int:
+    out = cluster.kubectl("get", "nodes", "-o", "json", check=False)
+    if out.returncode:
+        return 0
+    return sum(1 for node in json.loads(out.stdout)["items"]
+               if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])))
+
+
+def _http_ok(url: str, ca: Path | None = None, client: pki.Pair | None = None) -> bool:
+    context = None
+    if ca is not None:
+        context = ssl.create_default_context(cafile=str(ca))
+        if client is not None:
+            context.load_cert_chain(str(client.cert), str(client.key))
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(check: Callable[[], bool], what: str, process: Recorded | None = None,
+             timeout: float = START_TIMEOUT) -> None:
+    """Poll ``check`` until true; fail at ``timeout``, or at once when ``process`` died (naming its log)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if process is not None and not process.alive():
+            raise ClusterError(f"{what} exited; see {process.log}:\n{_tail(Path(process.log))}")
+        if time.monotonic() > deadline:
+            log = f"; see {process.log}" if process else ""
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}{log}")
+        time.sleep(0.25)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def kubectl_path() -> str:
+    """kubectl from the project's virtual environment (scripts/install_k8s_tools.sh), else from PATH."""
+    beside_python = Path(sys.executable).parent / "kubectl"
+    return str(beside_python) if beside_python.exists() else "kubectl"

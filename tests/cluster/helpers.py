@@ -1,0 +1,46 @@
+"""Objects and reads shared by the real-cluster tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clef_cluster.nodes import GPU_POOLS
+from clef_cluster.storage import namespace_with_claims
+from tests.cluster.kube import Kube
+
+DECISION_LABEL = "clef-serving.io/decision"
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+FP8_POOLS = {"h200-pool", "h100-pool", "l4-pool", "b200-pool"}  # compute capability >= 8.9
+TOO_OLD_POOLS = {"a100-pool", "t4-pool"}
+POOL_NODES = {pool.name: {pool.node_name(i) for i in range(pool.nodes)} for pool in GPU_POOLS}
+
+
+def namespace(kube: Kube, name: str) -> None:
+    """Create a namespace with the claims the README's ClefDecision mounts (bound to static volumes)."""
+    kube.apply(*namespace_with_claims(name))
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """The condition ``kind`` of an object's status ({} when absent)."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def is_ready(obj: dict[str, Any] | None) -> bool:
+    """Whether the object's Ready condition is True."""
+    return condition(obj, "Ready").get("status") == "True"
+
+
+def pool_status(decision: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """status.pools by pool name."""
+    return {p["name"]: p for p in ((decision or {}).get("status") or {}).get("pools", [])}
+
+
+def pods_of(kube: Kube, isvc: str, namespace: str) -> list[dict[str, Any]]:
+    """The pods KServe's Deployment runs for an InferenceService."""
+    return kube.get("pods", namespace=namespace, selector=f"{ISVC_LABEL}={isvc}")
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Running with the Ready condition True (as kwok reports once the pod is bound to its node)."""
+    return pod["status"].get("phase") == "Running" and is_ready(pod)

@@ -1,0 +1,150 @@
+"""kubectl, helm and the operator process as the real-cluster tests drive them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from clef_cluster.cluster import Cluster, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "clef-serving"
+RELEASE = "clef-serving"
+SYSTEM_NS = "clef-system"
+SERVICE_ACCOUNT = "clef-serving"
+OPERATOR_DEPLOYMENT = "clef-serving-operator"
+HELM = REPO / ".venv" / "bin" / "helm"
+README_NS = "ml-serving"
+EXAMPLE = REPO / "manifests" / "examples" / "clefdecision.yaml"
+WAIT = 90.0  # seconds any expected state may take
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], what: str, timeout: float = WAIT) -> T:
+    """Poll ``check`` every 0.25 s until it returns something truthy; fail naming ``what`` at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+class Kube:
+    """kubectl and helm as the cluster's admin, with JSON in and out."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """kubectl ``args``; fails the test with kubectl's message when ``check`` and it fails."""
+        done = self.cluster.kubectl(*args, stdin=stdin, check=False)
+        if check and done.returncode:
+            pytest.fail(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
+            selector: str | None = None) -> Any:
+        """An object (None when absent) or, without a name, the list's items."""
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        args += [f"--namespace={namespace}"] if namespace else ["--all-namespaces"] if not name else []
+        args += [f"--selector={selector}"] if selector else []
+        done = self.run(*args, check=False)
+        if done.returncode:
+            if "NotFound" in done.stderr:
+                return None
+            pytest.fail(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        data = json.loads(done.stdout)
+        return data if name else data["items"]
+
+    def apply(self, *objects: dict[str, Any]) -> None:
+        """``kubectl apply`` of the objects."""
+        self.run("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """helm ``args`` against the cluster; fails the test with helm's message on failure."""
+        done = subprocess.run([str(HELM), f"--kubeconfig={self.cluster.kubeconfig}", *args], capture_output=True,
+                              text=True, check=False, timeout=300)
+        if done.returncode:
+            pytest.fail(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+
+class Operator:
+    """``python -m clef_operator`` as a local process, with the Deployment's own arguments and a token of the
+    chart's ServiceAccount as its only credentials."""
+
+    def __init__(self, kube: Kube, folder: Path) -> None:
+        self.kube = kube
+        self.folder = folder
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = folder / "operator.log"
+
+    def kubeconfig(self) -> Path:
+        """A kubeconfig holding a fresh token of the chart's ServiceAccount (TokenRequest), nothing else."""
+        token = self.kube.run("create", "token", SERVICE_ACCOUNT, f"--namespace={SYSTEM_NS}", "--duration=2h").stdout
+        cluster = self.kube.cluster
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+            "clusters": [{"name": "clef", "cluster": {"server": cluster.server,
+                                                      "certificate-authority": str(cluster.folder / "pki/ca.crt")}}],
+            "users": [{"name": "operator", "user": {"token": token.strip()}}],
+            "contexts": [{"name": "operator", "context": {"cluster": "clef", "user": "operator"}}],
+        }
+        path = self.folder / "operator.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def container(self) -> dict[str, Any]:
+        """The operator container of the installed Deployment."""
+        deployment = self.kube.get("deployment", OPERATOR_DEPLOYMENT, SYSTEM_NS)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return container
+
+    def start(self) -> None:
+        """Start the operator as the Deployment's pod would run: its arguments (with a free liveness port on
+        127.0.0.1) and its environment; output to operator.log."""
+        assert self.process is None or self.process.poll() is not None, "the operator already runs"
+        container = self.container()
+        args = [*container["args"], f"--liveness-port={free_port()}", "--liveness-host=127.0.0.1"]
+        pod_fields = {"metadata.name": "operator-local", "metadata.namespace": SYSTEM_NS}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig())}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        for item in container.get("env", []):
+            field = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[item["name"]] = item["value"] if "value" in item else pod_fields[field]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "clef_operator", *args], env=env,
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def kill(self) -> None:
+        """SIGKILL the operator (no clean-up of any kind) and wait for it to be gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM the operator and wait; SIGKILL after 30 s."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_text(self) -> str:
+        """Everything the operator logged so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""

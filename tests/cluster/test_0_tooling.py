@@ -1,0 +1,59 @@
+"""The cluster tooling's own facts, checked without a cluster: the fake pools carry the labels the operator
+reads, the certificates chain to the CA, and a recorded process is never confused with a later one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
+from clef_operator.pools import GPU_LABELS, evaluate_pool, group_into_pools, summarize_node
+from clef_operator.spec import parse_spec
+from cryptography import x509
+
+from clef_cluster import nodes, pki
+from clef_cluster.processes import start, stop
+from tests.cluster.helpers import FP8_POOLS, TOO_OLD_POOLS
+from tests.cluster.kube import EXAMPLE
+
+
+def test_fake_pools_are_what_the_operator_reads() -> None:
+    summaries = [summarize_node(node) for node in nodes.all_nodes()]
+    gpu_nodes = [s for s in summaries if s is not None]
+    assert len(gpu_nodes) == sum(p.nodes for p in nodes.GPU_POOLS)  # the system pool has no GPU
+    for pool in nodes.GPU_POOLS:
+        assert pool.label_key in POOL_LABEL_KEYS
+        assert set(pool.gfd_labels()) >= set(GPU_LABELS)
+        assert pool.node(0)["status"]["capacity"][GPU_RESOURCE] == str(pool.gpus)
+    spec = parse_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    pools, unpooled = group_into_pools(gpu_nodes, spec.nodePools.labelKey)
+    decisions = {pool.name: evaluate_pool(pool, spec) for pool in pools}
+    assert unpooled == []
+    assert {name for name, d in decisions.items() if d.eligible} == FP8_POOLS
+    assert {name for name, d in decisions.items() if not d.eligible} == TOO_OLD_POOLS
+
+
+def test_certificates_chain_to_the_authority(tmp_path: Path) -> None:
+    authority = pki.Authority.create(tmp_path)
+    serving = authority.serving("server", ("127.0.0.1", "localhost"))
+    client = pki.Authority.load(tmp_path).client("user", "jane", ("team",))
+    ca = x509.load_pem_x509_certificate(authority.cert.read_bytes())
+    certs = {pair: x509.load_pem_x509_certificate(pair.cert.read_bytes()) for pair in (serving, client)}
+    for cert in certs.values():
+        cert.verify_directly_issued_by(ca)  # raises when the signature or issuer does not match
+    names = certs[serving].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert certs[client].subject.rfc4514_string() == "CN=jane,O=team"
+    assert oct(serving.key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_stop_ends_the_recorded_process_only(tmp_path: Path) -> None:
+    process = start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path)
+    assert process.alive()
+    stop(process, grace=5)
+    assert not process.alive()
+    stop(process)  # already gone: nothing to do, nothing signalled
+    reused = type(process)(process.name, process.pid, process.started + 1, process.log)
+    assert not reused.alive()  # same pid, another start time: not ours

@@ -1,0 +1,218 @@
+"""Cluster life on the real control plane: nodes that join, go and come back, an operator killed or stopped,
+hand edits, deletions. Each scenario has its own namespace and its own pools, named under a label key of its
+own (``spec.nodePools.labelKey``), so no scenario disturbs another or the README's ClefDecision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from clef_cluster.faults import crash_pod
+from clef_cluster.nodes import GpuPool
+from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
+from tests.cluster.kube import Kube, Operator, eventually
+
+pytestmark = pytest.mark.cluster
+
+LABEL_KEY = "pools.example.com/name"
+
+
+def hopper(name: str) -> GpuPool:
+    """An H100 pool under this module's label key."""
+    return GpuPool(name, LABEL_KEY, "NVIDIA-H100-80GB-HBM3", "hopper", (9, 0), 8, 1, "p5.48xlarge")
+
+
+def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
+    """A ClefDecision serving FP8 on the named pools of this module's label key."""
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": name},
+        "spec": {
+            "model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"},
+            "nodePools": {"labelKey": LABEL_KEY, "include": pools},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "predictor": {"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}},
+            **spec,
+        },
+    }
+
+
+def start(kube: Kube, name: str, pools: list[str], **spec: Any) -> None:
+    """Create the scenario's namespace and ClefDecision."""
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.apply(decision(name, pools, **spec))
+
+
+def get_decision(kube: Kube, name: str) -> dict[str, Any] | None:
+    return kube.get("clefdecision", name, name)
+
+
+def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
+    """Wait until the pool's predictor pods run Ready on the pool's nodes and the ClefDecision is Ready."""
+    isvc = f"{name}-{pool}"
+
+    def served() -> bool:
+        pods = pods_of(kube, isvc, name)
+        nodes = {n["metadata"]["name"] for n in kube.get("nodes", selector=f"{LABEL_KEY}={pool}")}
+        on_pool = bool(pods) and all(pod_ready(p) and p["spec"].get("nodeName") in nodes for p in pods)
+        return on_pool and is_ready(get_decision(kube, name))
+
+    eventually(served, f"{isvc}'s pods to be Ready on {pool}'s nodes and {name} to be Ready", timeout=120)
+    return pool_status(get_decision(kube, name))[pool]
+
+
+def remove_nodes(kube: Kube, *names: str) -> None:
+    kube.run("delete", "node", *names, "--ignore-not-found", "--wait=true")
+
+
+@pytest.fixture
+def nodes_to_remove(kube: Kube) -> Any:
+    """Nodes a scenario added; deleted after it."""
+    added: list[str] = []
+    yield added
+    if added:
+        remove_nodes(kube, *added)
+
+
+def test_node_joins_before_gfd_labels_it(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    pool = hopper("late")
+    kube.apply(pool.node(0, gfd=False))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-late", ["late"])
+    entry = eventually(lambda: pool_status(get_decision(kube, "life-late")).get("late"), "the pool's status")
+    assert entry["reason"] == "MissingGPULabels" and entry["state"] == "Ineligible", entry
+    assert kube.get("inferenceservices", namespace="life-late") == []
+    kube.run("label", "node", pool.node_name(0), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
+    entry = wait_serving(kube, "life-late", "late")
+    assert entry["reason"] == "Eligible" and entry["gpu"]["computeCapability"] == "9.0"
+
+
+def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    pool = hopper("replaced")
+    kube.apply(pool.node(0))
+    nodes_to_remove.extend([pool.node_name(0), pool.node_name(1)])
+    start(kube, "life-replaced", ["replaced"])
+    wait_serving(kube, "life-replaced", "replaced")
+    isvc = kube.get("inferenceservice", "life-replaced-replaced", "life-replaced")
+    remove_nodes(kube, pool.node_name(0))
+    degraded = eventually(lambda: (e := pool_status(get_decision(kube, "life-replaced")).get("replaced"))
+                          and e["state"] == "Degraded" and e, "the pool to be Degraded")
+    assert degraded["reason"] == "NoNodes" and "removalAt" in degraded
+    kube.apply(pool.node(1))
+    entry = wait_serving(kube, "life-replaced", "replaced")
+    assert entry["state"] == "Serving" and "removalAt" not in entry
+    after = kube.get("inferenceservice", "life-replaced-replaced", "life-replaced")
+    assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
+    assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
+    (pod,) = pods_of(kube, "life-replaced-replaced", "life-replaced")
+    assert pod["spec"]["nodeName"] == pool.node_name(1)
+
+
+def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
+                                                nodes_to_remove: list[str]) -> None:
+    pools = [hopper(f"kill-{i}") for i in range(3)]
+    for pool in pools:
+        kube.apply(pool.node(0))
+        nodes_to_remove.append(pool.node_name(0))
+    operator.kill()
+    start(kube, "life-kill", [p.name for p in pools])
+    operator.start()
+    eventually(lambda: kube.get("inferenceservices", namespace="life-kill"), "a first InferenceService",
+               timeout=60)
+    operator.kill()
+    operator.start()
+    for pool in pools:
+        wait_serving(kube, "life-kill", pool.name)
+    isvcs = kube.get("inferenceservices", namespace="life-kill")
+    assert sorted(i["metadata"]["name"] for i in isvcs) == [f"life-kill-kill-{i}" for i in range(3)]
+
+
+def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    pool = hopper("edited")
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-edit", ["edited"])
+    wait_serving(kube, "life-edit", "edited")
+    name = "life-edit-edited"
+    kube.run("patch", "inferenceservice", name, "-n", "life-edit", "--type=merge",
+             "-p", '{"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}')
+
+    def reverted() -> bool:
+        predictor = kube.get("inferenceservice", name, "life-edit")["spec"]["predictor"]
+        return predictor.get("minReplicas") == 1 and predictor.get("maxReplicas") == 1
+
+    eventually(reverted, "the operator to revert the hand edit")
+    eventually(lambda: len(pods_of(kube, name, "life-edit")) == 1
+               and kube.get("deployment", f"{name}-predictor", "life-edit")["spec"]["replicas"] == 1,
+               "KServe's Deployment back at 1 replica")
+
+
+def test_a_crashing_predictor_makes_the_decision_not_ready(kube: Kube, operator: Operator,
+                                                          nodes_to_remove: list[str]) -> None:
+    pool = hopper("crash")
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-crash", ["crash"])
+    wait_serving(kube, "life-crash", "crash")
+    (pod,) = pods_of(kube, "life-crash-crash", "life-crash")
+    crash_pod(kube.cluster, "life-crash", pod["metadata"]["name"])
+
+    def not_ready() -> dict[str, Any] | None:
+        decision = get_decision(kube, "life-crash")
+        ready = condition(decision, "Ready")
+        return ready if ready.get("status") == "False" else None
+
+    ready = eventually(not_ready, "the ClefDecision to stop being Ready")
+    assert ready["reason"] == "PredictorsNotReady" and "life-crash-crash" in ready["message"], ready
+    assert pool_status(get_decision(kube, "life-crash"))["crash"]["ready"] is False
+    # kwok no longer runs that pod, so nothing would confirm a graceful deletion: delete it at once.
+    kube.run("delete", "pod", pod["metadata"]["name"], "-n", "life-crash", "--grace-period=0", "--force")
+    wait_serving(kube, "life-crash", "crash")
+
+
+def test_decision_deleted_while_the_operator_is_down(kube: Kube, operator: Operator,
+                                                     nodes_to_remove: list[str]) -> None:
+    pool = hopper("orphan")
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-down", ["orphan"])
+    wait_serving(kube, "life-down", "orphan")
+    operator.stop()
+    try:
+        kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=30s")
+        gone = ("inferenceservices", "deployments", "replicasets", "pods")
+        eventually(lambda: all(kube.get(kind, namespace="life-down") == [] for kind in gone),
+                   "the garbage collector to remove the InferenceService, its Deployment and its pods")
+    finally:
+        operator.start()
+
+
+def test_namespace_deletion_removes_everything(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    pool = hopper("nsdel")
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, "life-nsdel", ["nsdel"])
+    wait_serving(kube, "life-nsdel", "nsdel")
+    kube.run("delete", "namespace", "life-nsdel", "--wait=true", "--timeout=90s")
+    assert kube.get("namespace", "life-nsdel") is None
+    assert not [p for p in kube.get("pods") if p["spec"].get("nodeName") == pool.node_name(0)]
+    assert "Traceback" not in operator.log_text()
+
+
+def test_invalid_decisions_are_refused_by_the_api_server(kube: Kube, installed_chart: dict[str, Any]) -> None:
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "life-invalid"}})
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"quantization": "int8"}, "spec.quantization"),
+        ({"quantization": "fp8", "minComputeCapability": "8.0"}, "spec"),
+        ({"replicas": -1}, "spec.replicas"),
+        ({"predictor": {"resources": {"requests": {"cpu": "lots"}}}}, "spec.predictor.resources.requests"),
+        ({"nodePools": {"include": ["a"], "exclude": ["a"]}}, "spec.nodePools"),
+    ]
+    for extra, field in cases:
+        body = decision("life-invalid", ["a"], **extra)
+        done = kube.run("create", "-f", "-", stdin=yaml.safe_dump(body), check=False)
+        assert done.returncode != 0, f"{extra} was accepted"
+        assert "is invalid" in done.stderr and field in done.stderr, (extra, done.stderr)
+    assert kube.get("clefdecisions", namespace="life-invalid") == []
