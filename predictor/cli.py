@@ -15,7 +15,11 @@ from pathlib import Path
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
-from predictor.api_args import (
+from predictor.demo import RANDOM_WARNING, demo_release
+from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.engines.engine_args import add_engine_args, new_parser
+from predictor.engines.memory import InsufficientMemory
+from predictor.http.api_args import (
     add_api_args,
     api_keys,
     check_api_args,
@@ -25,19 +29,15 @@ from predictor.api_args import (
     register_aliases,
     resolve_encode_processes,
 )
-from predictor.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
-from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engine_args import add_engine_args, new_parser
-from predictor.engines import ENGINE_CHOICES, build_engine
-from predictor.health import NotReadyTracebackFilter
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
-from predictor.memory import InsufficientMemory
+from predictor.http.health import NotReadyTracebackFilter
+from predictor.http.observe import configure_json_logs
+from predictor.http.server_limits import ClefModelServer
 from predictor.model import ClefModel, ServingOptions
-from predictor.observe import configure_json_logs
-from predictor.prepare import TOKENIZER_FILE, ReleaseTokenizer
-from predictor.server_limits import ClefModelServer
-from predictor.service import ModelCard
-from predictor.warmup import WarmupDoesNotFit, warmup_schema
+from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
+from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
+from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer
+from predictor.serving.service import ModelCard
+from predictor.serving.warmup import WarmupDoesNotFit, warmup_schema
 
 log = logging.getLogger("predictor")
 
@@ -71,7 +71,7 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """KServe's flags, vLLM's engine arguments (see predictor.engine_args) and the predictor's own."""
+    """KServe's flags, vLLM's engine arguments (see predictor.engines.engine_args) and the predictor's own."""
     parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
     add_engine_args(parser)
     add_kserve_args(parser)

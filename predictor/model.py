@@ -2,7 +2,7 @@
 
 ``load()`` builds the engine; KServe then runs ``start_engine()`` beside its HTTP server, which
 starts the engine, warms it up and then watches it. The model's one state is its
-:class:`~predictor.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
+:class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
 dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready`` answer 503.
 
 ``predict`` serves KServe's V1 (``{"instances": [request, ...]}`` → ``{"predictions": [...]}``) and
@@ -23,20 +23,20 @@ import orjson
 from kserve import InferOutput, InferRequest, InferResponse, Model
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
-from predictor import metrics
-from predictor.body_limits import (
+from predictor.core import metrics
+from predictor.core.errors import Unreadable, parse_param
+from predictor.engines.base import Engine, EngineDead
+from predictor.serving.body_limits import (
     DEFAULT_MAX_BATCH_ITEMS,
     DEFAULT_MAX_QUEUE_WAIT_S,
     check_item_count,
     check_texts_json_counts,
 )
-from predictor.encode_pool import EncodePool, InProcessPreparer, Preparer
-from predictor.engines.base import Engine, EngineDead
-from predictor.errors import bad_request
-from predictor.http_body import decode_json_body
-from predictor.lifecycle import EngineWatchdog, Lifecycle, Phase
-from predictor.service import ModelCard, SystemOneService
-from predictor.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
+from predictor.serving.encode_pool import EncodePool, InProcessPreparer, Preparer
+from predictor.serving.lifecycle import EngineWatchdog, Lifecycle, Phase
+from predictor.serving.prepare import decode_json_body
+from predictor.serving.service import ModelCard, SystemOneService
+from predictor.serving.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +229,10 @@ class ClefModel(Model):
         if isinstance(payload, bytes):  # KServe passes bodies sent without a JSON Content-Type as bytes
             payload = decode_json_body(payload, headers.get("content-type", "") if headers else "")
         if not isinstance(payload, dict):
-            raise bad_request("the request body must be a JSON object with an 'instances' list")
+            raise unreadable("the request body must be a JSON object with an 'instances' list")
         instances = payload.get("instances")
         if not isinstance(instances, list) or not instances:
-            raise bad_request("'instances' must be a non-empty list of System One requests", "instances")
+            raise unreadable("'instances' must be a non-empty list of System One requests", "instances")
         check_item_count(len(instances), self.options.max_batch_items, "instances")
         predictions = await self.service.answer_many(
             instances, [f"instances[{index}]" for index in range(len(instances))]
@@ -242,7 +242,7 @@ class ClefModel(Model):
     async def _predict_v2(self, request: InferRequest) -> InferResponse:
         assert self.service is not None
         if len(request.inputs) != 1 or request.inputs[0].datatype != "BYTES":
-            raise bad_request(
+            raise unreadable(
                 f"send exactly one BYTES input ({V2_INPUT!r}) holding System One requests as JSON strings",
                 "inputs",
             )
@@ -250,9 +250,9 @@ class ClefModel(Model):
         try:
             items = tensor.as_numpy().reshape(-1).tolist()
         except (ValueError, TypeError) as exc:
-            raise bad_request(f"the input's data does not match its shape: {exc}", "inputs[0].data") from None
+            raise unreadable(f"the input's data does not match its shape: {exc}", "inputs[0].data") from None
         if not items:
-            raise bad_request("the input holds no requests", "inputs[0].data")
+            raise unreadable("the input holds no requests", "inputs[0].data")
         check_item_count(len(items), self.options.max_batch_items, "inputs[0].data")
         texts = [_v2_item_text(item, f"inputs[0].data[{index}]") for index, item in enumerate(items)]
         check_texts_json_counts(texts, "inputs[0].data")
@@ -274,11 +274,11 @@ def _v2_item_text(item: Any, param: str) -> bytes:
     if isinstance(item, str):
         return item.encode("utf-8", "surrogatepass")
     if not isinstance(item, bytes):
-        raise bad_request("each element must be a System One request as a JSON string", param)
+        raise unreadable("each element must be a System One request as a JSON string", param)
     try:
         item.decode("utf-8")
     except UnicodeDecodeError:
-        raise bad_request("each element must be UTF-8 JSON text", param) from None
+        raise unreadable("each element must be UTF-8 JSON text", param) from None
     return item
 
 
@@ -286,4 +286,9 @@ def _decode_v2_item(item: bytes, param: str) -> Any:
     try:
         return orjson.loads(item)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"not valid JSON: {exc}", param) from None
+        raise unreadable(f"not valid JSON: {exc}", param) from None
+
+
+def unreadable(message: str, param: str = "") -> Unreadable:
+    """A body, or the field ``param`` of it, that cannot be read as System One requests (400 at the HTTP layer)."""
+    return Unreadable(message, parse_param(param))

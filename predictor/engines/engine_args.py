@@ -90,8 +90,9 @@ def release_namespace(args: argparse.Namespace, model_dir: Path) -> argparse.Nam
     machine has no cached copy of it. Raises ``clef_plugin.api.PluginSettingConflict`` for a ``--model``
     other than the release folder.
     """
-    from clef_plugin.api import PluginSettingConflict
     from vllm import AsyncEngineArgs
+
+    from clef_plugin.api import PluginSettingConflict
 
     release = str(model_dir)
     if args.model not in (AsyncEngineArgs.model, release):
@@ -108,8 +109,9 @@ def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) ->
     about 20 s of each start on a 2-core machine (BENCHMARKS.md, "Start time").
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
-    import clef_plugin
     from vllm import AsyncEngineArgs
+
+    import clef_plugin
 
     parsed = AsyncEngineArgs.from_cli_args(release_namespace(args, model_dir))
     given = changed_engine_args(parsed)
