@@ -1,4 +1,7 @@
-"""Engines behind one interface (:class:`Engine`), and how ``--engine auto|vllm|transformers`` picks one."""
+"""Engines behind one interface (:class:`Engine`), and how ``--engine auto|vllm|transformers`` picks one.
+
+The layer above :mod:`predictor.core` only: engines know neither the pipeline nor HTTP.
+"""
 
 from __future__ import annotations
 
