@@ -11,7 +11,9 @@ import argparse
 import copy
 import datetime
 import logging
+import sys
 from pathlib import Path
+from typing import Sequence
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
@@ -70,10 +72,25 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
         group._add_action(dashed)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """KServe's flags, vLLM's engine arguments (see predictor.engines.engine_args) and the predictor's own."""
-    parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
-    add_engine_args(parser)
+def vllm_may_serve(argv: Sequence[str]) -> bool:
+    """Whether the command line ``argv`` can end up on the vLLM engine (any ``--engine`` but ``transformers``),
+    or asks for help (which lists vLLM's flags): only then is vLLM's parser built (it imports vLLM)."""
+    if any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in argv):
+        return True
+    engine = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    engine.add_argument("--engine", default="auto")
+    return engine.parse_known_args(list(argv))[0].engine != "transformers"
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """KServe's flags, vLLM's engine arguments (see predictor.engines.engine_args) and the predictor's own.
+
+    With ``argv``, vLLM's engine arguments are declared only when ``argv`` can choose the vLLM engine
+    (:func:`vllm_may_serve`); without it, always (when vLLM is installed).
+    """
+    vllm_flags = argv is None or vllm_may_serve(argv)
+    parser = new_parser(vllm_flags, prog="python -m predictor", description=__doc__.split("\n\n")[0])
+    add_engine_args(parser, vllm_flags)
     add_kserve_args(parser)
     group = parser.add_argument_group(
         "Predictor", "the predictor's own flags, the API's included (python -m predictor --help=predictor)"
@@ -186,7 +203,8 @@ def gpu_count() -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, build the model and serve it until SIGTERM/SIGINT."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     check_args(parser, args)
     configure_logging(args)

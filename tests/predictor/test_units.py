@@ -298,6 +298,21 @@ def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: 
         parser.parse_args(["--tensor-parallel-size", "2"])
 
 
+def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor.cli import build_parser, vllm_may_serve
+
+    assert not vllm_may_serve(["--engine", "transformers", "--http_port", "9000"])
+    assert not vllm_may_serve(["--engine=transformers"])
+    assert vllm_may_serve([]) and vllm_may_serve(["--engine", "vllm"]) and vllm_may_serve(["--engine", "auto"])
+    assert vllm_may_serve(["--engine", "transformers", "--help=predictor"])
+    parser = build_parser(["--engine", "transformers"])
+    args = parser.parse_args(["--engine", "transformers", "--dp", "2", "--max-model-len", "512"])
+    assert (args.engine, args.data_parallel_size, args.max_model_len) == ("transformers", 2, 512)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine", "transformers", "--tensor-parallel-size", "2"])
+    assert "--tensor-parallel-size" in capsys.readouterr().err
+
+
 def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
     from bench.load import HOT_BODIES, bench_request
 
