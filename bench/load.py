@@ -134,23 +134,19 @@ async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
     from predictor.cli import DEFAULT_ANSWER_CACHE_BYTES, build_parser
     from predictor.engines import build_engine
     from predictor.serving.lifecycle import Lifecycle, Phase
-    from predictor.serving.service import ModelCard, SystemOneService
+    from predictor.serving.options import ServingOptions, build_service
+    from predictor.serving.service import ModelCard
 
-    predictor_args = build_parser().parse_args(
-        ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
-         "--dp", str(args.dp)]
-    )
-    engine = build_engine(predictor_args, args.model_dir)
+    argv = ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
+            "--dp", str(args.dp)]
+    engine = build_engine(build_parser(argv).parse_args(argv), args.model_dir)
     await engine.start()
     lifecycle = Lifecycle(args.model)
     lifecycle.enter(Phase.OK)
-    service = SystemOneService(
-        engine,
-        ModelCard(args.model, "bench", "1970-01-01"),
-        lifecycle,
-        max_queued=1 << 30,
-        answer_cache_bytes=DEFAULT_ANSWER_CACHE_BYTES if args.answer_cache else 0,
+    options = ServingOptions(
+        max_queued=1 << 30, answer_cache_bytes=DEFAULT_ANSWER_CACHE_BYTES if args.answer_cache else 0
     )
+    service = build_service(engine, ModelCard(args.model, "bench", "1970-01-01"), lifecycle, options)
 
     async def call(index: int) -> int:
         response = await service.answer(bench_request(index, args.model, args.repeat_fraction))

@@ -29,14 +29,16 @@ from predictor.http.api_args import (
     http_limits,
     install_api,
     register_aliases,
+    request_policy,
     resolve_encode_processes,
 )
 from predictor.http.health import NotReadyTracebackFilter
 from predictor.http.observe import configure_json_logs
 from predictor.http.server_limits import ClefModelServer
-from predictor.model import ClefModel, ServingOptions
+from predictor.model import ClefModel
 from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
+from predictor.serving.options import ServingOptions
 from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer
 from predictor.serving.service import ModelCard
 from predictor.serving.warmup import WarmupDoesNotFit, warmup_schema
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         release_dir=model_dir,
         max_batch_items=args.max_batch_items,
         max_queue_wait_s=args.max_queue_wait_s,
+        policy=request_policy(args),
     )
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:

@@ -15,8 +15,6 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import orjson
@@ -27,13 +25,11 @@ from predictor.core import metrics
 from predictor.core.errors import Unreadable, parse_param
 from predictor.engines.base import Engine, EngineDead
 from predictor.serving.body_limits import (
-    DEFAULT_MAX_BATCH_ITEMS,
-    DEFAULT_MAX_QUEUE_WAIT_S,
     check_item_count,
     check_texts_json_counts,
 )
-from predictor.serving.encode_pool import EncodePool, InProcessPreparer, Preparer
 from predictor.serving.lifecycle import EngineWatchdog, Lifecycle, Phase
+from predictor.serving.options import ServingOptions, build_service
 from predictor.serving.prepare import decode_json_body
 from predictor.serving.service import ModelCard, SystemOneService
 from predictor.serving.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
@@ -42,36 +38,6 @@ log = logging.getLogger(__name__)
 
 V2_INPUT = "request"
 V2_OUTPUT = "response"
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """How the model serves: warm-up, admission bounds (records queued, expected wait in seconds), answer
-    cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
-    tokenizer of ``release_dir`` (0: a thread of the serving process), and the most System One requests one
-    V1/V2 body may hold (``max_batch_items``, as the batch route)."""
-
-    warmup_rounds: int = 1
-    warmup_max_batch: int = 16
-    max_queued: int | None = None
-    answer_cache_bytes: int = 0
-    exit_on_engine_death: bool = True
-    encode_processes: int = 0
-    release_dir: Path | None = None
-    max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
-    max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
-
-    def __post_init__(self) -> None:
-        if self.encode_processes < 0:
-            raise ValueError("encode_processes must be 0 or more")
-        if self.encode_processes and self.release_dir is None:
-            raise ValueError("encode worker processes need the release directory (its tokenizer)")
-
-    def preparer(self, engine: Engine) -> Preparer:
-        """Where bodies are prepared: encode worker processes, or a thread of this process."""
-        if self.encode_processes and self.release_dir is not None:
-            return EncodePool(self.release_dir, self.encode_processes, engine.tokenizer)
-        return InProcessPreparer(engine.tokenizer)
 
 
 class ClefModel(Model):
@@ -140,16 +106,8 @@ class ClefModel(Model):
                 exit_on_death=self.options.exit_on_engine_death,
                 exit_process=self._exit_process,
             )
-            self.service = SystemOneService(
-                backend,
-                self.card,
-                self.lifecycle,
-                self.limits,
-                max_queued=self.options.max_queued,
-                answer_cache_bytes=self.options.answer_cache_bytes,
-                on_engine_failure=self.watchdog.poke,
-                preparer=self.options.preparer(backend),
-                max_wait_s=self.options.max_queue_wait_s,
+            self.service = build_service(
+                backend, self.card, self.lifecycle, self.options, self.limits, on_engine_failure=self.watchdog.poke
             )
             self.backend = backend
             log.info(

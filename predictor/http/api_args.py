@@ -212,7 +212,6 @@ def install_api(app: FastAPI, model: ServedModel, args: argparse.Namespace, keys
     closed routes, request bodies.
     """
     assert model.service is not None, "load the model first"
-    model.service.policy = request_policy(args)
     app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
     app.add_middleware(
         RouteGuardMiddleware,

@@ -79,12 +79,13 @@ class SystemOneService:
         on_engine_failure: Callable[[], None] = lambda: None,
         preparer: Preparer | None = None,
         max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
+        policy: RequestPolicy = RequestPolicy(),
     ) -> None:
         self.engine = engine
         self.card = card
         self.lifecycle = lifecycle
         self.limits = limits
-        self.policy = RequestPolicy()
+        self.policy = policy
         self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
         if self.max_queued < 1:
             raise ValueError("max_queued must be at least 1")

@@ -19,9 +19,10 @@ from predictor.core.errors import ServiceError, Unavailable
 from predictor.engines.base import Engine, EngineDead
 from predictor.http.errors import from_service_error
 from predictor.http.shutdown import GracefulShutdown
-from predictor.model import ClefModel, ServingOptions
+from predictor.model import ClefModel
 from predictor.serving.encode_pool import InProcessPreparer
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, Lifecycle, Phase
+from predictor.serving.options import ServingOptions
 from predictor.serving.service import ModelCard, SystemOneService
 from predictor.serving.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
 from tests.predictor.conftest import MODEL_NAME, simple_request
