@@ -32,6 +32,7 @@ from predictor.http.api_args import (
     request_policy,
     resolve_encode_processes,
 )
+from predictor.http.compat import add_action, declared_options, kserve_parser_actions
 from predictor.http.health import NotReadyTracebackFilter
 from predictor.http.observe import configure_json_logs
 from predictor.http.server_limits import ClefModelServer
@@ -61,17 +62,13 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
     its dashed spelling as well, unless the parser has it already (vLLM's ``--log-config-file``, same
     meaning and destination). KServe's own parser is left as it is.
     """
-    from kserve.model_server import parser as kserve_parser
-
     group = parser.add_argument_group("KServe", "KServe's model-server flags, either spelling (--http_port, --http-port)")
-    for action in kserve_parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
+    for action in kserve_parser_actions():
         spellings = [*action.option_strings, *(option.replace("_", "-") for option in action.option_strings)]
-        spellings = [option for option in spellings if option not in parser._option_string_actions]
+        spellings = [option for option in spellings if option not in declared_options(parser)]
         dashed = copy.copy(action)
         dashed.option_strings = list(dict.fromkeys(spellings))
-        group._add_action(dashed)
+        add_action(group, dashed)
 
 
 def vllm_may_serve(argv: Sequence[str]) -> bool:

@@ -48,6 +48,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.core.errors import ServiceError, Unavailable
 from predictor.http.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
+from predictor.http.compat import rest_server
 from predictor.http.errors import ApiError, bad_request, from_service_error
 from predictor.http.grpc_access import AccessInterceptor, grpc_status
 from predictor.serving.lifecycle import Lifecycle, Phase
@@ -291,7 +292,7 @@ class ClefModelServer(kserve.ModelServer):
         # The startup heap (engine, tokenizer, modules) is long-lived: frozen, the collections that a
         # request's many new objects trigger do not walk it again and again.
         gc.freeze()
-        rest = self._rest_server
+        rest = rest_server(self)
         assert rest is not None, "one REST server (workers=1) is expected"
         config = rest.config
         config.host = self.limits.host
