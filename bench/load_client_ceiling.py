@@ -1,4 +1,4 @@
-"""How fast can the load client go? ``predictor.bench``'s HTTP client against a server that costs nothing.
+"""How fast can the load client go? ``bench.load``'s HTTP client against a server that costs nothing.
 
     python -m bench.load_client_ceiling [--clients 8,64,256] [--requests 2000] [--rate 100] [--client aiohttp,httpx]
 
@@ -8,7 +8,7 @@ child process (asyncio streams, keep-alive, a fixed small JSON answer) and loads
 - ``rate``: requests answered in arrival order at ``--rate`` per second, like a server whose engine is the
   bottleneck: an ideal client measures ``--rate`` requests/s and a latency of clients ÷ rate for every
   request (Little's law), so the client's own share shows as lost throughput and a spread-out tail.
-``aiohttp`` is the client ``predictor.bench.http_load`` uses; ``httpx`` (one ``AsyncClient``, one connection
+``aiohttp`` is the client ``bench.load.http_load`` uses; ``httpx`` (one ``AsyncClient``, one connection
 per client) is there for comparison. Both send the same body.
 """
 
@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from bench.load import Results, http_load, run_load
 from clef_tools.local_server import free_port, listening, start_and_wait
-from predictor.bench import Results, http_load, run_load
 
 BODY = {"model": "clef-flash", "state": {"ticket": "x" * 1500}, "questions": {"q": {"type": "noul"}}}
 ANSWER = json.dumps({"usage": {"input_tokens": 512}, "answers": {}}).encode()

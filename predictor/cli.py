@@ -11,11 +11,17 @@ import argparse
 import copy
 import datetime
 import logging
+import sys
 from pathlib import Path
+from typing import Sequence
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
-from predictor.api_args import (
+from predictor.demo import RANDOM_WARNING, demo_release
+from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.engines.engine_args import add_engine_args, new_parser
+from predictor.engines.memory import InsufficientMemory
+from predictor.http.api_args import (
     add_api_args,
     api_keys,
     check_api_args,
@@ -23,21 +29,20 @@ from predictor.api_args import (
     http_limits,
     install_api,
     register_aliases,
+    request_policy,
     resolve_encode_processes,
 )
-from predictor.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
-from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engine_args import add_engine_args, new_parser
-from predictor.engines import ENGINE_CHOICES, build_engine
-from predictor.health import NotReadyTracebackFilter
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
-from predictor.memory import InsufficientMemory
-from predictor.model import ClefModel, ServingOptions
-from predictor.observe import configure_json_logs
-from predictor.prepare import TOKENIZER_FILE, ReleaseTokenizer
-from predictor.server_limits import ClefModelServer
-from predictor.service import ModelCard
-from predictor.warmup import WarmupDoesNotFit, warmup_schema
+from predictor.http.compat import add_action, declared_options, kserve_parser_actions
+from predictor.http.health import NotReadyTracebackFilter
+from predictor.http.observe import configure_json_logs
+from predictor.http.server_limits import ClefModelServer
+from predictor.model import ClefModel
+from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
+from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
+from predictor.serving.options import ServingOptions
+from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer
+from predictor.serving.service import ModelCard
+from predictor.serving.warmup import WarmupDoesNotFit, warmup_schema
 
 log = logging.getLogger("predictor")
 
@@ -57,23 +62,34 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
     its dashed spelling as well, unless the parser has it already (vLLM's ``--log-config-file``, same
     meaning and destination). KServe's own parser is left as it is.
     """
-    from kserve.model_server import parser as kserve_parser
-
     group = parser.add_argument_group("KServe", "KServe's model-server flags, either spelling (--http_port, --http-port)")
-    for action in kserve_parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
+    for action in kserve_parser_actions():
         spellings = [*action.option_strings, *(option.replace("_", "-") for option in action.option_strings)]
-        spellings = [option for option in spellings if option not in parser._option_string_actions]
+        spellings = [option for option in spellings if option not in declared_options(parser)]
         dashed = copy.copy(action)
         dashed.option_strings = list(dict.fromkeys(spellings))
-        group._add_action(dashed)
+        add_action(group, dashed)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """KServe's flags, vLLM's engine arguments (see predictor.engine_args) and the predictor's own."""
-    parser = new_parser(prog="python -m predictor", description=__doc__.split("\n\n")[0])
-    add_engine_args(parser)
+def vllm_may_serve(argv: Sequence[str]) -> bool:
+    """Whether the command line ``argv`` can end up on the vLLM engine (any ``--engine`` but ``transformers``),
+    or asks for help (which lists vLLM's flags): only then is vLLM's parser built (it imports vLLM)."""
+    if any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in argv):
+        return True
+    engine = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    engine.add_argument("--engine", default="auto")
+    return engine.parse_known_args(list(argv))[0].engine != "transformers"
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """KServe's flags, vLLM's engine arguments (see predictor.engines.engine_args) and the predictor's own.
+
+    With ``argv``, vLLM's engine arguments are declared only when ``argv`` can choose the vLLM engine
+    (:func:`vllm_may_serve`); without it, always (when vLLM is installed).
+    """
+    vllm_flags = argv is None or vllm_may_serve(argv)
+    parser = new_parser(vllm_flags, prog="python -m predictor", description=__doc__.split("\n\n")[0])
+    add_engine_args(parser, vllm_flags)
     add_kserve_args(parser)
     group = parser.add_argument_group(
         "Predictor", "the predictor's own flags, the API's included (python -m predictor --help=predictor)"
@@ -186,7 +202,8 @@ def gpu_count() -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, build the model and serve it until SIGTERM/SIGINT."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     check_args(parser, args)
     configure_logging(args)
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         release_dir=model_dir,
         max_batch_items=args.max_batch_items,
         max_queue_wait_s=args.max_queue_wait_s,
+        policy=request_policy(args),
     )
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:

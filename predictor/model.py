@@ -2,7 +2,7 @@
 
 ``load()`` builds the engine; KServe then runs ``start_engine()`` beside its HTTP server, which
 starts the engine, warms it up and then watches it. The model's one state is its
-:class:`~predictor.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
+:class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
 dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready`` answer 503.
 
 ``predict`` serves KServe's V1 (``{"instances": [request, ...]}`` → ``{"predictions": [...]}``) and
@@ -15,63 +15,29 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 from kserve import InferOutput, InferRequest, InferResponse, Model
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
-from predictor import metrics
-from predictor.body_limits import (
-    DEFAULT_MAX_BATCH_ITEMS,
-    DEFAULT_MAX_QUEUE_WAIT_S,
+from predictor.core import metrics
+from predictor.core.errors import Unreadable, parse_param
+from predictor.engines.base import Engine, EngineDead
+from predictor.serving.body_limits import (
     check_item_count,
     check_texts_json_counts,
 )
-from predictor.encode_pool import EncodePool, InProcessPreparer, Preparer
-from predictor.engines.base import Engine, EngineDead
-from predictor.errors import bad_request
-from predictor.http_body import decode_json_body
-from predictor.lifecycle import EngineWatchdog, Lifecycle, Phase
-from predictor.service import ModelCard, SystemOneService
-from predictor.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
+from predictor.serving.lifecycle import EngineWatchdog, Lifecycle, Phase
+from predictor.serving.options import ServingOptions, build_service
+from predictor.serving.prepare import decode_json_body
+from predictor.serving.service import ModelCard, SystemOneService
+from predictor.serving.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
 
 log = logging.getLogger(__name__)
 
 V2_INPUT = "request"
 V2_OUTPUT = "response"
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """How the model serves: warm-up, admission bounds (records queued, expected wait in seconds), answer
-    cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
-    tokenizer of ``release_dir`` (0: a thread of the serving process), and the most System One requests one
-    V1/V2 body may hold (``max_batch_items``, as the batch route)."""
-
-    warmup_rounds: int = 1
-    warmup_max_batch: int = 16
-    max_queued: int | None = None
-    answer_cache_bytes: int = 0
-    exit_on_engine_death: bool = True
-    encode_processes: int = 0
-    release_dir: Path | None = None
-    max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
-    max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
-
-    def __post_init__(self) -> None:
-        if self.encode_processes < 0:
-            raise ValueError("encode_processes must be 0 or more")
-        if self.encode_processes and self.release_dir is None:
-            raise ValueError("encode worker processes need the release directory (its tokenizer)")
-
-    def preparer(self, engine: Engine) -> Preparer:
-        """Where bodies are prepared: encode worker processes, or a thread of this process."""
-        if self.encode_processes and self.release_dir is not None:
-            return EncodePool(self.release_dir, self.encode_processes, engine.tokenizer)
-        return InProcessPreparer(engine.tokenizer)
 
 
 class ClefModel(Model):
@@ -140,16 +106,8 @@ class ClefModel(Model):
                 exit_on_death=self.options.exit_on_engine_death,
                 exit_process=self._exit_process,
             )
-            self.service = SystemOneService(
-                backend,
-                self.card,
-                self.lifecycle,
-                self.limits,
-                max_queued=self.options.max_queued,
-                answer_cache_bytes=self.options.answer_cache_bytes,
-                on_engine_failure=self.watchdog.poke,
-                preparer=self.options.preparer(backend),
-                max_wait_s=self.options.max_queue_wait_s,
+            self.service = build_service(
+                backend, self.card, self.lifecycle, self.options, self.limits, on_engine_failure=self.watchdog.poke
             )
             self.backend = backend
             log.info(
@@ -229,10 +187,10 @@ class ClefModel(Model):
         if isinstance(payload, bytes):  # KServe passes bodies sent without a JSON Content-Type as bytes
             payload = decode_json_body(payload, headers.get("content-type", "") if headers else "")
         if not isinstance(payload, dict):
-            raise bad_request("the request body must be a JSON object with an 'instances' list")
+            raise unreadable("the request body must be a JSON object with an 'instances' list")
         instances = payload.get("instances")
         if not isinstance(instances, list) or not instances:
-            raise bad_request("'instances' must be a non-empty list of System One requests", "instances")
+            raise unreadable("'instances' must be a non-empty list of System One requests", "instances")
         check_item_count(len(instances), self.options.max_batch_items, "instances")
         predictions = await self.service.answer_many(
             instances, [f"instances[{index}]" for index in range(len(instances))]
@@ -242,7 +200,7 @@ class ClefModel(Model):
     async def _predict_v2(self, request: InferRequest) -> InferResponse:
         assert self.service is not None
         if len(request.inputs) != 1 or request.inputs[0].datatype != "BYTES":
-            raise bad_request(
+            raise unreadable(
                 f"send exactly one BYTES input ({V2_INPUT!r}) holding System One requests as JSON strings",
                 "inputs",
             )
@@ -250,9 +208,9 @@ class ClefModel(Model):
         try:
             items = tensor.as_numpy().reshape(-1).tolist()
         except (ValueError, TypeError) as exc:
-            raise bad_request(f"the input's data does not match its shape: {exc}", "inputs[0].data") from None
+            raise unreadable(f"the input's data does not match its shape: {exc}", "inputs[0].data") from None
         if not items:
-            raise bad_request("the input holds no requests", "inputs[0].data")
+            raise unreadable("the input holds no requests", "inputs[0].data")
         check_item_count(len(items), self.options.max_batch_items, "inputs[0].data")
         texts = [_v2_item_text(item, f"inputs[0].data[{index}]") for index, item in enumerate(items)]
         check_texts_json_counts(texts, "inputs[0].data")
@@ -274,11 +232,11 @@ def _v2_item_text(item: Any, param: str) -> bytes:
     if isinstance(item, str):
         return item.encode("utf-8", "surrogatepass")
     if not isinstance(item, bytes):
-        raise bad_request("each element must be a System One request as a JSON string", param)
+        raise unreadable("each element must be a System One request as a JSON string", param)
     try:
         item.decode("utf-8")
     except UnicodeDecodeError:
-        raise bad_request("each element must be UTF-8 JSON text", param) from None
+        raise unreadable("each element must be UTF-8 JSON text", param) from None
     return item
 
 
@@ -286,4 +244,9 @@ def _decode_v2_item(item: bytes, param: str) -> Any:
     try:
         return orjson.loads(item)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"not valid JSON: {exc}", param) from None
+        raise unreadable(f"not valid JSON: {exc}", param) from None
+
+
+def unreadable(message: str, param: str = "") -> Unreadable:
+    """A body, or the field ``param`` of it, that cannot be read as System One requests (400 at the HTTP layer)."""
+    return Unreadable(message, parse_param(param))

@@ -94,10 +94,11 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
 
     from clef_head.encoder import encode_request
     from clef_head.request import parse_request
-    from predictor.errors import ApiError
-    from predictor.service_errors import TooLarge
-    from predictor.body_limits import check_json_counts
-    from predictor.http_body import decode_body, decode_json_body
+    from predictor.core.errors import TooLarge
+    from predictor.http.errors import ApiError
+    from predictor.http.http_body import decode_body
+    from predictor.serving.body_limits import check_json_counts
+    from predictor.serving.prepare import decode_json_body
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encode_request(tokenizer, parse_request(json.loads(b'{"model": "m", "state": "warm", "questions": {"q": {"type": "noul"}}}')))

@@ -35,8 +35,8 @@ class UniqueBodies:
 
 
 class RepeatedBodies:
-    """Request bodies of which a share ``fraction`` repeats one of :data:`predictor.bench.HOT_BODIES` bodies
-    (the same seeded draw per request index as ``python -m predictor.bench --repeat-fraction``), the others
+    """Request bodies of which a share ``fraction`` repeats one of :data:`bench.load.HOT_BODIES` bodies
+    (the same seeded draw per request index as ``python -m bench.load --repeat-fraction``), the others
     from ``unique`` (never sent before). The repeated bodies are marked with ``label``, so another load's
     repeated bodies are not already cached."""
 
@@ -46,7 +46,7 @@ class RepeatedBodies:
         self.label = label
 
     def __call__(self, index: int) -> dict[str, Any]:
-        from predictor.bench import repeated_index
+        from bench.load import repeated_index
 
         chosen = repeated_index(index, self.fraction)
         if chosen >= 0:
@@ -81,7 +81,7 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
     for module in ("kserve", "httpx", "predictor"):
         if importlib.util.find_spec(module) is None:  # an http case asked for cannot run: a failure
             raise ModuleNotFoundError(f"{module} is not importable here: install the 'serve' extra's packages")
-    from predictor.bench import http_load
+    from bench.load import http_load
 
     port = free_port()
     command = predictor_command(args, releases["fp8"], port, data_parallel)

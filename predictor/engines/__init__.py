@@ -1,4 +1,7 @@
-"""Engines behind one interface (:class:`Engine`), and how ``--engine auto|vllm|transformers`` picks one."""
+"""Engines behind one interface (:class:`Engine`), and how ``--engine auto|vllm|transformers`` picks one.
+
+The layer above :mod:`predictor.core` only: engines know neither the pipeline nor HTTP.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from predictor.engines.base import Engine, EngineDead
-from predictor.cpu_kv_cache import default_kv_cache_bytes, kv_layout, weights_bytes
-from predictor.memory import GIB, check_transformers_memory, check_vllm_cpu_memory
+from predictor.engines.cpu_kv_cache import default_kv_cache_bytes, kv_layout, weights_bytes
+from predictor.engines.memory import GIB, check_transformers_memory, check_vllm_cpu_memory
 
 if TYPE_CHECKING:
     from vllm import AsyncEngineArgs
@@ -91,7 +94,7 @@ def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
 
 
 def with_cpu_kv_cache(engine_args: AsyncEngineArgs, model_dir: Path) -> AsyncEngineArgs:
-    """vLLM's CPU engine arguments with ``kv_cache_memory_bytes`` sized by :mod:`predictor.cpu_kv_cache`,
+    """vLLM's CPU engine arguments with ``kv_cache_memory_bytes`` sized by :mod:`predictor.engines.cpu_kv_cache`,
     unless ``--kv-cache-memory-bytes``, ``VLLM_CPU_KVCACHE_SPACE`` or ``--gpu-memory-utilization`` sizes it
     (the last one checked against the free memory by :func:`check_vllm_cpu_memory`)."""
     from vllm import AsyncEngineArgs
@@ -122,13 +125,13 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
     """The engine ``--engine`` names (``auto`` resolved by :func:`choose_engine`, logged).
 
     vLLM's engine arguments come from the command line with the plugin's settings laid over them
-    (:func:`predictor.engine_args.vllm_engine_args`). On a CPU, the KV cache is sized to fit the machine
-    first (:func:`with_cpu_kv_cache`; :class:`predictor.memory.InsufficientMemory` names the flag to change).
+    (:func:`predictor.engines.engine_args.vllm_engine_args`). On a CPU, the KV cache is sized to fit the machine
+    first (:func:`with_cpu_kv_cache`; :class:`predictor.engines.memory.InsufficientMemory` names the flag to change).
     """
     kind, reason = choose_engine(args.engine)
     log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
     if kind == "vllm":
-        from predictor.engine_args import vllm_engine_args
+        from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine
 
         on_gpu = torch.cuda.is_available()

@@ -8,10 +8,10 @@ from typing import Any, Sequence
 import torch
 
 from clef_head.encoder import EncodedRequest
-from predictor.engines.reference import TransformersScorer
-from predictor import metrics
-from predictor.batching import MicroBatcher
+from predictor.core import metrics
 from predictor.engines.base import Engine, EngineDead
+from predictor.engines.batching import MicroBatcher
+from predictor.engines.reference import TransformersScorer
 
 
 class TransformersEngine(Engine):

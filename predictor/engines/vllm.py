@@ -14,7 +14,7 @@ import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from clef_head.encoder import EncodedRequest
-from predictor import metrics
+from predictor.core import metrics
 from predictor.engines.base import Engine, EngineDead
 
 if TYPE_CHECKING:
@@ -27,9 +27,10 @@ class VllmEngine(Engine):
     kind = "vllm"
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
-        import clef_plugin
         from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        import clef_plugin
 
         self._plugin = clef_plugin
         self._max_length = int(engine_args.max_model_len)

@@ -1,4 +1,5 @@
-"""Which package may import which: the pure core stays pure, tooling stays out of serving, bench out of tests."""
+"""Which package may import which: the pure core stays pure, tooling stays out of serving, bench out of tests,
+and inside the predictor each layer imports only the layers below it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ ALLOWED = {
 }
 # The serving path reaches release tooling through one function only: the demo release's builder.
 TOOLING_GATEWAY = (REPO / "predictor" / "demo.py", "clef_tools.tiny", {"build_tiny_release"})
+# The predictor's layers, lowest first: each sub-package may import its own layer and those below it only.
+# The entry points (the modules directly in predictor/: CLIs, the demo, the KServe model) sit on top.
+LAYERS = ("core", "engines", "serving", "http")
+ENTRY_POINTS = {"__init__", "__main__", "cli", "systemone_cli", "demo", "model"}
+# Tooling's libraries that the serving package must not import (they live in the bench extra).
+TOOLING_ONLY = {"aiohttp"}
 
 
 def imports(path: Path) -> list[tuple[str, set[str]]]:
@@ -56,6 +63,59 @@ def test_package_imports_only_what_it_may(package: str) -> None:
                 if path != gateway or module != allowed_module or not names <= allowed_names:
                     crossed.append(f"{path.relative_to(REPO)} imports {module} {sorted(names)}")
     assert not crossed, crossed
+
+
+def layer_of(path: Path) -> str:
+    """The layer of a module under predictor/: its sub-package, or ``entry`` for a module directly in it."""
+    parts = path.relative_to(REPO / "predictor").parts
+    if len(parts) == 1:
+        assert path.stem in ENTRY_POINTS, f"{path.relative_to(REPO)} is in no layer: move it into one of {LAYERS}"
+        return "entry"
+    assert parts[0] in LAYERS, f"{path.relative_to(REPO)}: predictor/{parts[0]}/ is not a layer of {LAYERS}"
+    return parts[0]
+
+
+def predictor_modules(module: str, names: set[str]) -> list[str]:
+    """The predictor modules an import reaches (``from predictor import cli`` reaches ``predictor.cli``)."""
+    if module == "predictor":
+        return [f"predictor.{name}" for name in names]
+    return [module] if module.startswith("predictor.") else []
+
+
+def test_predictor_layers_import_downwards_only() -> None:
+    """core <- engines <- serving <- http <- entry points: no layer imports one above it (the pipeline knows no
+    HTTP, engines know no pipeline), and every module sits in a layer."""
+    crossed = []
+    for path in sorted((REPO / "predictor").rglob("*.py")):
+        layer = layer_of(path)
+        if layer == "entry":
+            continue
+        allowed = set(LAYERS[: LAYERS.index(layer) + 1])
+        for module, names in imports(path):
+            for target in predictor_modules(module, names):
+                target_layer = target.split(".")[1]
+                if target_layer not in allowed:
+                    crossed.append(f"{path.relative_to(REPO)} ({layer}) imports {target}")
+    assert not crossed, crossed
+
+
+def test_serving_package_imports_no_tooling_library() -> None:
+    """The load tool and its HTTP client live in bench/ (the bench extra), not in what a server installs."""
+    found = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted((REPO / "predictor").rglob("*.py"))
+        for module, _ in imports(path)
+        if module.split(".")[0] in TOOLING_ONLY
+    ]
+    assert not found, found
+
+
+def test_the_layer_rule_sees_a_crossing() -> None:
+    """The layer check reads both import forms and places modules by folder."""
+    assert predictor_modules("predictor", {"cli"}) == ["predictor.cli"]
+    assert predictor_modules("predictor.http.errors", {"ApiError"}) == ["predictor.http.errors"]
+    assert layer_of(REPO / "predictor" / "serving" / "service.py") == "serving"
+    assert layer_of(REPO / "predictor" / "model.py") == "entry"
 
 
 def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:

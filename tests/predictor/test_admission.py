@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from predictor.admission import ServiceRate, retry_after_s
-from predictor.body_limits import (
+from predictor.core.errors import BadInput, TooLarge, Unavailable
+from predictor.http.errors import from_service_error
+from predictor.serving.admission import ServiceRate, retry_after_s
+from predictor.serving.body_limits import (
     MAX_JSON_CONTAINERS,
     MAX_JSON_VALUES,
     check_item_count,
@@ -18,8 +20,6 @@ from predictor.body_limits import (
     check_texts_json_counts,
     json_counts,
 )
-from predictor.errors import from_service_error
-from predictor.service_errors import BadInput, TooLarge, Unavailable
 from tests.predictor.conftest import simple_request
 from tests.predictor.test_serving import FakeEngine, serving, tokenizer  # noqa: F401 (the fixture)
 
@@ -168,7 +168,7 @@ def test_the_body_middleware_refuses_inflated_bodies_naming_the_limit() -> None:
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from predictor.http_body import RequestBodyMiddleware
+    from predictor.http.http_body import RequestBodyMiddleware
 
     async def echo(request: Request) -> JSONResponse:
         return JSONResponse({"bytes": len(await request.body())})

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from predictor import auth
-from predictor.api_args import add_api_args, check_api_args, http_limits, request_policy
-from predictor.auth import ApiKeys, bearer_token, parse_keys
-from predictor.errors import ApiError, format_param, invalid_field, parse_param
-from predictor.kserve_inputs import check_v2_binary_body, cloudevent_error
-from predictor.request_policy import RequestPolicy
-from predictor.route_guard import RouteGuardMiddleware, quoted
+from predictor.core.errors import format_param, parse_param, quoted
+from predictor.http import auth
+from predictor.http.api_args import add_api_args, check_api_args, http_limits, request_policy
+from predictor.http.auth import ApiKeys, bearer_token, parse_keys
+from predictor.http.errors import ApiError, invalid_field
+from predictor.http.kserve_inputs import check_v2_binary_body, cloudevent_error
+from predictor.http.route_guard import RouteGuardMiddleware
+from predictor.serving.request_policy import RequestPolicy
 
 
 @pytest.mark.parametrize("param", ["inputs[0].data[2].model", "instances[1].questions.q", "[3].model", "state", ""])

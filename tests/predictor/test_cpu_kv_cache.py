@@ -1,4 +1,4 @@
-"""The default KV cache of vLLM's CPU engine (predictor.cpu_kv_cache): layout, size, refusal, precedence."""
+"""The default KV cache of vLLM's CPU engine (predictor.engines.cpu_kv_cache): layout, size, refusal, precedence."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from clef_tools.fullsize import FULL_TEXT
-from predictor.cpu_kv_cache import (
+from predictor.engines.cpu_kv_cache import (
     KV_SHARE_OF_FREE,
     KvLayout,
     default_kv_cache_bytes,
     kv_layout,
 )
-from predictor.memory import GIB, InsufficientMemory
+from predictor.engines.memory import GIB, InsufficientMemory
 
 MIB = 1 << 20
 
@@ -104,8 +104,8 @@ def test_explicit_cache_settings_win(
 ) -> None:
     pytest.importorskip("vllm")
     from predictor.cli import build_parser
-    from predictor.engine_args import vllm_engine_args
     from predictor.engines import with_cpu_kv_cache
+    from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     for name, value in env.items():
@@ -126,8 +126,8 @@ def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
 ) -> None:
     pytest.importorskip("vllm")
     from predictor.cli import build_parser
-    from predictor.engine_args import vllm_engine_args
     from predictor.engines import with_cpu_kv_cache
+    from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     args = build_parser().parse_args(["--gpu-memory-utilization", "0.99"])

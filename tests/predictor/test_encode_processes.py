@@ -21,10 +21,18 @@ import httpx
 import pytest
 
 from clef_tools.sample_requests import make_requests
-from predictor.api_args import encode_processes, resolve_encode_processes
-from predictor.encode_pool import auto_encode_processes
-from predictor.errors import ApiError, bad_request, from_service_error
-from predictor.service_errors import BadInput, EngineFailed, ModelNotServed, ServiceError, TooLarge, Unavailable
+from predictor.core.errors import (
+    BadInput,
+    EngineFailed,
+    ModelNotServed,
+    ServiceError,
+    TooLarge,
+    Unavailable,
+    Unreadable,
+)
+from predictor.http.api_args import SDK_DEFAULT_MODEL, encode_processes, resolve_encode_processes
+from predictor.http.errors import from_service_error
+from predictor.serving.encode_pool import auto_encode_processes
 from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, simple_request, start_predictor, stop
 
 MAX_MODEL_LEN = 512
@@ -64,14 +72,13 @@ def test_flag_values() -> None:
         TooLarge("the state needs 900 tokens", ("[2]", "state")),
         Unavailable("an encode worker died", "encoder_died", 1),
         EngineFailed("boom"),
-        bad_request("not JSON", "assets"),
+        Unreadable("not JSON", ("assets",)),
     ],
 )
-def test_errors_cross_processes_unchanged(error: Exception) -> None:
+def test_errors_cross_processes_unchanged(error: ServiceError) -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error) and str(copy) == str(error) and copy.__dict__ == error.__dict__
-    http = copy if isinstance(copy, ApiError) else from_service_error(copy)
-    original = error if isinstance(error, ApiError) else from_service_error(error)
+    http, original = from_service_error(copy), from_service_error(error)
     assert (http.status, http.body(), http.headers) == (original.status, original.body(), original.headers)
 
 
@@ -81,7 +88,7 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
     from clef_head.encoder import SchemaTooLong, encode_request
     from clef_head.request import parse_request
     from clef_tools.sample_requests import make_extreme_requests
-    from predictor.prepare import ReleaseTokenizer
+    from predictor.serving.prepare import ReleaseTokenizer
 
     engine_tokenizer, worker_tokenizer = AutoTokenizer.from_pretrained(str(tiny_release)), ReleaseTokenizer(tiny_release)
     import random
@@ -98,7 +105,7 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
         for max_length in (MAX_MODEL_LEN, 1 << 20):  # cut states too
             assert encoded(worker_tokenizer, request, max_length) == encoded(engine_tokenizer, request, max_length)
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, predictor.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"],
+        [sys.executable, "-c", "import sys, predictor.serving.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"],
         capture_output=True, text=True, check=True, timeout=120,
     )
     assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
@@ -109,9 +116,9 @@ def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_rele
     from transformers import AutoTokenizer
 
     from clef_head.request import DEFAULT_LIMITS
-    from predictor.encode_pool import EncodePool
-    from predictor.prepare import PrepareSettings
-    from predictor.request_policy import RequestPolicy
+    from predictor.serving.encode_pool import EncodePool
+    from predictor.serving.prepare import PrepareSettings
+    from predictor.serving.request_policy import RequestPolicy
     from tests.predictor.slow_jobs import sleep_for
 
     pool = EncodePool(tiny_release, 1, AutoTokenizer.from_pretrained(str(tiny_release)), job_deadline_s=2)
@@ -137,8 +144,8 @@ def bodies_to_compare() -> dict[str, bytes]:
     return {**valid, "simple": json.dumps(simple_request()).encode(), **BAD_BODIES}
 
 
-def http_result(error: Exception) -> tuple[int, dict[str, Any]]:
-    failure = error if isinstance(error, ApiError) else from_service_error(error)  # type: ignore[arg-type]
+def http_result(error: ServiceError) -> tuple[int, dict[str, Any]]:
+    failure = from_service_error(error)
     return int(failure.status), json.loads(json.dumps(failure.body()))
 
 
@@ -149,15 +156,15 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
     import torch
 
     from predictor.engines.transformers import TransformersEngine
-    from predictor.lifecycle import Lifecycle, Phase
-    from predictor.request_policy import RequestPolicy
-    from predictor.service import ModelCard, SystemOneService
+    from predictor.serving.lifecycle import Lifecycle, Phase
+    from predictor.serving.request_policy import RequestPolicy
+    from predictor.serving.service import ModelCard, SystemOneService
 
     engine = TransformersEngine(tiny_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
     lifecycle = Lifecycle(MODEL_NAME)
     lifecycle.enter(Phase.OK)
     service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle)
-    service.policy = RequestPolicy(state_overflow="refuse")
+    service.policy = RequestPolicy(aliases=(SDK_DEFAULT_MODEL,), state_overflow="refuse")  # the server's names
 
     async def answer_all() -> dict[str, tuple[int, Any]]:
         await engine.start()
@@ -165,7 +172,7 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
         for name, raw in bodies_to_compare().items():
             try:
                 results[name] = (200, json.loads(json.dumps(await service.answer_json(raw, "application/json"))))
-            except (ServiceError, ApiError) as error:
+            except ServiceError as error:
                 results[name] = http_result(error)
         batch = [json.loads(bodies_to_compare()[name]) for name in ("simple", "missing questions", "sample 0", "unknown model")]
         items = await service.answer_batch_json(json.dumps(batch).encode(), "application/json", 64)

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE
+from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE
 from tests.predictor.conftest import start_predictor, stop
 
 pytestmark = pytest.mark.vllm

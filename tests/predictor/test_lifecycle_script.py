@@ -28,8 +28,8 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
 def test_sigterm_with_64_clients_in_flight_past_the_drain(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
     """More work in flight than the drain allows: what is unanswered then gets 503 + Retry-After (uvicorn's own
     timeout would cancel it into a 500), and the process is gone within its delay + drain + a few seconds."""
+    from predictor.serving.lifecycle import EXIT_AFTER_DRAIN_S
     from reliability.lifecycle import run
-    from predictor.lifecycle import EXIT_AFTER_DRAIN_S
 
     delay, drain = 1, 2
     log = tmp_path / "predictor.log"

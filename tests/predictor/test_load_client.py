@@ -1,4 +1,4 @@
-"""The load tool's HTTP client (``predictor.bench.http_load``) and ``bench.load_client_ceiling``, which
+"""The load tool's HTTP client (``bench.load.http_load``) and ``bench.load_client_ceiling``, which
 measures how fast a client can go against a server that costs nothing."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.load import http_load
 from bench.load_client_ceiling import BODY, started_server
-from predictor.bench import http_load
 from tests.predictor.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]

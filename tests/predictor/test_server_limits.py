@@ -1,4 +1,4 @@
-"""Pins what ``predictor.server_limits`` and ``predictor.grpc_access`` lean on in uvicorn, KServe and grpcio."""
+"""Pins what ``predictor.http.server_limits`` and ``predictor.http.grpc_access`` lean on in uvicorn, KServe and grpcio."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from kserve.errors import ModelNotFound, ModelNotReady  # noqa: E402
 from kserve.model_repository import ModelRepository  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
-from predictor.auth import ApiKeys  # noqa: E402
-from predictor.errors import bad_request  # noqa: E402
-from predictor.grpc_access import AccessInterceptor, grpc_status  # noqa: E402
-from predictor.lifecycle import Lifecycle, Phase  # noqa: E402
-from predictor.server_limits import HttpLimits, ServingSwitch, bounded_protocol  # noqa: E402
-from predictor.service_errors import Unavailable  # noqa: E402
+from predictor.core.errors import Unavailable  # noqa: E402
+from predictor.http.auth import ApiKeys  # noqa: E402
+from predictor.http.errors import bad_request  # noqa: E402
+from predictor.http.grpc_access import AccessInterceptor, grpc_status  # noqa: E402
+from predictor.http.server_limits import HttpLimits, ServingSwitch, bounded_protocol  # noqa: E402
+from predictor.serving.lifecycle import Lifecycle, Phase  # noqa: E402
 
 
 def test_kserve_serves_grpc_by_default_and_the_predictor_does_not() -> None:

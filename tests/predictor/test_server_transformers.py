@@ -177,7 +177,7 @@ def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Clien
 
 
 def test_load_tool_counts_requests_tokens_and_errors(server: Predictor, client: httpx.Client) -> None:
-    from predictor.bench import http_load
+    from bench.load import http_load
 
     bodies = distinct_requests(4)
     tokens = sum(client.post("/v1/systemone", json=body).json()["usage"]["input_tokens"] for body in bodies)
@@ -363,8 +363,7 @@ def test_metrics_and_json_request_logs(server: Predictor, client: httpx.Client) 
 
 def test_health_and_liveness(client: httpx.Client) -> None:
     from clef_contract.predictor import LIVENESS_PATH
-
-    from predictor.health import LIVENESS_PATH as PREDICTOR_LIVENESS_PATH
+    from predictor.http.health import LIVENESS_PATH as PREDICTOR_LIVENESS_PATH
 
     assert PREDICTOR_LIVENESS_PATH == LIVENESS_PATH
     live = client.get(LIVENESS_PATH)

@@ -15,14 +15,16 @@ import pytest
 import torch
 
 from clef_head.encoder import EncodedRequest
-from predictor.encode_pool import InProcessPreparer
+from predictor.core.errors import ServiceError, Unavailable
 from predictor.engines.base import Engine, EngineDead
-from predictor.errors import from_service_error
-from predictor.lifecycle import ENGINE_DEAD_EXIT_CODE, GracefulShutdown, Lifecycle, Phase
-from predictor.model import ClefModel, ServingOptions
-from predictor.service import ModelCard, SystemOneService
-from predictor.service_errors import ServiceError, Unavailable
-from predictor.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
+from predictor.http.errors import from_service_error
+from predictor.http.shutdown import GracefulShutdown
+from predictor.model import ClefModel
+from predictor.serving.encode_pool import InProcessPreparer
+from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, Lifecycle, Phase
+from predictor.serving.options import ServingOptions
+from predictor.serving.service import ModelCard, SystemOneService
+from predictor.serving.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
 from tests.predictor.conftest import MODEL_NAME, simple_request
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
@@ -216,7 +218,7 @@ def test_a_body_is_answered_from_the_cache_only_while_serving_and_never_when_it_
 
 
 def test_responses_and_logits_share_the_bytes_of_one_cache() -> None:
-    from predictor.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache, body_key
+    from predictor.serving.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache, body_key
 
     response = {"answers": {"q": "yes"}, "usage": {"input_tokens": 7}}
     text = json.dumps(response, separators=(",", ":")).encode()
@@ -235,7 +237,7 @@ def test_responses_and_logits_share_the_bytes_of_one_cache() -> None:
 
 def test_the_cache_stays_within_its_bytes_and_drops_the_least_recently_used() -> None:
     from clef_head.layout import QuestionLayout, RecordLayout
-    from predictor.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache
+    from predictor.serving.answer_cache import ENTRY_OVERHEAD_BYTES, AnswerCache
 
     layout = RecordLayout((QuestionLayout("q", 0, (0, 1), ((1, 2), (2, 3)), ("true", "false")),))
     entry = 4 * 4 + 2 * 4 + ENTRY_OVERHEAD_BYTES  # 4 token ids, 2 float32 logits

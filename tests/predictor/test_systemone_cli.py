@@ -98,7 +98,7 @@ def test_card_command_starts_offline_with_vllms_cache_sized_for_its_sequences(ca
     vLLM's 128 sequences of --max-model-len tokens (vLLM's own default wanted 0.92 of the machine)."""
     log = card_server.stdout() + card_server.log()  # vLLM logs on stdout
     assert "EngineCore pid=" in log
-    assert "Setting attention block size to 384 tokens" in log  # what predictor.cpu_kv_cache counts with
+    assert "Setting attention block size to 384 tokens" in log  # what predictor.engines.cpu_kv_cache counts with
     assert re.search(r"vLLM CPU KV cache: 0\.0\d GiB per engine", log), log[-3000:]
     concurrency = re.search(r"Maximum concurrency for 512 tokens per request: ([\d.]+)x", log)
     assert concurrency is not None and 128 <= float(concurrency.group(1)) < 130, log[-3000:]
@@ -125,7 +125,7 @@ def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
 
 
 def test_help_states_the_true_host_default() -> None:
-    from predictor.server_limits import HttpLimits
+    from predictor.http.server_limits import HttpLimits
     from predictor.systemone_cli import DEFAULT_HOST
 
     assert DEFAULT_HOST == HttpLimits().host == cli.build_parser().parse_args([]).host

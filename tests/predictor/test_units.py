@@ -10,12 +10,13 @@ from typing import Any, Sequence
 
 import pytest
 
-from predictor.batching import MicroBatcher
+from predictor.core.errors import format_param
 from predictor.engines import choose_engine
+from predictor.engines.batching import MicroBatcher
 from predictor.engines.pool import EnginePool
-from predictor.errors import ApiError, format_param
-from predictor.http_body import decode_body
-from predictor.warmup import WarmupStep, warmup_plan
+from predictor.http.errors import ApiError
+from predictor.http.http_body import decode_body
+from predictor.serving.warmup import WarmupStep, warmup_plan
 
 
 def test_decode_body_gzip_zstd_and_limits() -> None:
@@ -139,7 +140,7 @@ def test_vllm_owns_its_engine_arguments() -> None:
     """vLLM's own flags reach the engine's arguments; the plugin's settings are laid over them."""
     import clef_plugin
     from predictor.cli import build_parser
-    from predictor.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, vllm_engine_args
+    from predictor.engines.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, vllm_engine_args
 
     parser = build_parser()
     args = parser.parse_args(["--tensor-parallel-size", "2", "--max-num-seqs", "64", "--max-model-len", "2048", "--http_port", "9000"])
@@ -172,7 +173,7 @@ def test_vllm_owns_its_engine_arguments() -> None:
 def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str], flag: str) -> None:
     from clef_plugin.api import PluginSettingConflict
     from predictor.cli import build_parser
-    from predictor.engine_args import vllm_engine_args
+    from predictor.engines.engine_args import vllm_engine_args
 
     with pytest.raises(PluginSettingConflict) as caught:
         vllm_engine_args(build_parser().parse_args(argv), Path("/models/clef"), on_gpu=True)
@@ -183,7 +184,7 @@ def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str]
 def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
     from clef_plugin.api import PluginSettingConflict
     from predictor.cli import build_parser
-    from predictor.engine_args import vllm_engine_args
+    from predictor.engines.engine_args import vllm_engine_args
 
     quantized = {"quant_method": "compressed-tensors", "ignore": ["re:.*visual.*"]}
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantized}))
@@ -203,7 +204,7 @@ def test_engine_arguments_are_built_offline_without_the_hub(
     import huggingface_hub
 
     from predictor.cli import build_parser
-    from predictor.engine_args import vllm_engine_args
+    from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tiny_release.parent / "empty-hub-cache"))
@@ -243,7 +244,12 @@ def test_a_max_model_len_no_request_fits_is_a_usage_error_before_any_engine_is_b
 
 
 def test_memory_shortfalls_name_the_flag_to_change(tiny_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from predictor.memory import InsufficientMemory, check_transformers_memory, check_vllm_cpu_memory, release_parameters
+    from predictor.engines.memory import (
+        InsufficientMemory,
+        check_transformers_memory,
+        check_vllm_cpu_memory,
+        release_parameters,
+    )
 
     parameters = release_parameters(tiny_release)
     assert parameters > 0
@@ -280,10 +286,10 @@ def test_a_stopped_micro_batcher_fails_running_and_queued_requests() -> None:
 
 
 def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    import predictor.engine_args
+    import predictor.engines.engine_args
     from predictor.cli import build_parser
 
-    monkeypatch.setattr(predictor.engine_args, "vllm_installed", lambda: False)
+    monkeypatch.setattr(predictor.engines.engine_args, "vllm_installed", lambda: False)
     parser = build_parser()
     args = parser.parse_args(["--dp", "2", "--max-model-len", "512", "--dtype", "float32", "--http_port", "9000"])
     assert (args.data_parallel_size, args.max_model_len, args.dtype, args.http_port) == (2, 512, "float32", 9000)
@@ -292,8 +298,23 @@ def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: 
         parser.parse_args(["--tensor-parallel-size", "2"])
 
 
+def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor.cli import build_parser, vllm_may_serve
+
+    assert not vllm_may_serve(["--engine", "transformers", "--http_port", "9000"])
+    assert not vllm_may_serve(["--engine=transformers"])
+    assert vllm_may_serve([]) and vllm_may_serve(["--engine", "vllm"]) and vllm_may_serve(["--engine", "auto"])
+    assert vllm_may_serve(["--engine", "transformers", "--help=predictor"])
+    parser = build_parser(["--engine", "transformers"])
+    args = parser.parse_args(["--engine", "transformers", "--dp", "2", "--max-model-len", "512"])
+    assert (args.engine, args.data_parallel_size, args.max_model_len) == ("transformers", 2, 512)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine", "transformers", "--tensor-parallel-size", "2"])
+    assert "--tensor-parallel-size" in capsys.readouterr().err
+
+
 def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
-    from predictor.bench import HOT_BODIES, bench_request
+    from bench.load import HOT_BODIES, bench_request
 
     def distinct(fraction: float) -> int:
         return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})

@@ -12,15 +12,11 @@ import asyncio
 import enum
 import logging
 import os
-import signal
-from dataclasses import dataclass
-from types import FrameType
 from typing import Any, Awaitable, Callable
 
-from predictor import metrics
+from predictor.core import metrics
+from predictor.core.errors import Unavailable
 from predictor.engines.base import EngineDead
-from predictor.errors import from_service_error
-from predictor.service_errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -185,113 +181,3 @@ class EngineWatchdog:
             log.warning("closing the dead engine failed: %r", exc)
         flush_logs()
         self._exit(ENGINE_DEAD_EXIT_CODE)
-
-
-class GracefulShutdown:
-    """SIGTERM: fail readiness and refuse new requests for ``delay_s`` seconds, then drain for ``drain_s``.
-
-    Installed as a pure ASGI middleware: on the lifespan startup (uvicorn has installed its signal
-    handlers by then) it puts its own SIGTERM handler in front of uvicorn's. Kubernetes keeps
-    sending traffic for a moment after it starts terminating a pod; during ``delay_s`` those
-    requests get 503 with ``Retry-After`` (not a refused connection), in-flight requests go on. Then
-    uvicorn's own handler stops accepting connections and waits for the requests in flight, and the
-    ``drain_hooks`` start (the gRPC server's own drain). A request still unanswered ``drain_s`` seconds
-    later is cancelled here and answered 503 with ``Retry-After`` (uvicorn's own graceful timeout, which
-    would cancel it into a 500, is set later than this: :func:`predictor.server_limits` does it).
-    """
-
-    def __init__(self, app: Callable[..., Any], lifecycle: Lifecycle, delay_s: float, drain_s: float = 20.0) -> None:
-        self.app = app
-        self.lifecycle = lifecycle
-        self.delay_s = delay_s
-        self.drain_s = drain_s
-        self.drain_hooks: list[Callable[[float], Any]] = []
-        self._previous: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._in_flight: dict[asyncio.Task[Any], _Exchange] = {}
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        """ASGI entry point: watch the lifespan startup, track HTTP requests until answered."""
-        if scope["type"] == "http":
-            await self._tracked(scope, receive, send)
-            return
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
-        async def watched_receive() -> dict[str, Any]:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self.install()
-            return message
-
-        await self.app(scope, watched_receive, send)
-
-    async def _tracked(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        exchange = _Exchange()
-
-        async def watched_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                exchange.started = True
-            await send(message)
-
-        self._in_flight[task] = exchange
-        try:
-            await self.app(scope, receive, watched_send)
-        except asyncio.CancelledError:
-            if not exchange.cut or exchange.started:
-                raise
-            task.uncancel()
-            error = Unavailable("the server is shutting down; retry on another replica", "draining",
-                                RETRY_AFTER_S["draining"])
-            await from_service_error(error).response()(scope, receive, send)
-        finally:
-            del self._in_flight[task]
-
-    def install(self) -> None:
-        """Put our SIGTERM handler in front of the current one (uvicorn's)."""
-        self._loop = asyncio.get_running_loop()
-        self._previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if self.lifecycle.phase is Phase.DRAINING:
-            return
-        self.lifecycle.enter(Phase.DRAINING)
-        log.info(
-            "SIGTERM: not ready; new requests get 503 for %.1fs, then %.1fs to finish requests in flight",
-            self.delay_s, self.drain_s,
-        )
-        assert self._loop is not None
-        self._loop.call_later(self.delay_s, self._hand_over, signum, frame)
-
-    def _hand_over(self, signum: int, frame: FrameType | None) -> None:
-        assert self._loop is not None
-        self._loop.call_later(self.drain_s, self.cut_unanswered)
-        for hook in self.drain_hooks:
-            hook(self.drain_s)
-        signal.signal(signal.SIGTERM, self._previous)
-        if callable(self._previous):
-            self._previous(signum, frame)
-
-    def cut_unanswered(self) -> int:
-        """Cancel every request not yet answered (each then gets 503 + Retry-After); return how many."""
-        cut = 0
-        for task, exchange in list(self._in_flight.items()):
-            if not exchange.started and not exchange.cut:
-                exchange.cut = True
-                task.cancel()
-                cut += 1
-        if cut:
-            log.warning("drain timeout: %d request(s) still in flight answered 503 with Retry-After", cut)
-        return cut
-
-
-@dataclass
-class _Exchange:
-    """One HTTP request in flight: whether its response has started, and whether the drain cut it."""
-
-    started: bool = False
-    cut: bool = False

@@ -15,7 +15,18 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from predictor.service_errors import BadInput, ModelNotServed, PicklableError, ServiceError, TooLarge, Unavailable
+from predictor.core.errors import (
+    BadInput,
+    Location,
+    ModelNotServed,
+    PicklableError,
+    ServiceError,
+    TooLarge,
+    Unavailable,
+    Unreadable,
+    format_param,
+    parse_param,
+)
 
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
@@ -25,8 +36,6 @@ UNAVAILABLE = "service_unavailable"
 ENGINE_ERROR = "engine_error"
 AUTHENTICATION = "authentication_error"
 TIMEOUT = "request_timeout"
-
-Location = tuple[int | str, ...]
 
 
 class ApiError(PicklableError):
@@ -83,6 +92,8 @@ def invalid_field(message: str, param: str | Sequence[int | str] | None, kind: s
 
 def from_service_error(exc: ServiceError) -> ApiError:
     """The HTTP error for a domain error of the service (503s carry ``Retry-After``)."""
+    if isinstance(exc, Unreadable):
+        return bad_request(exc.message, exc.loc)
     if isinstance(exc, BadInput):
         return invalid_field(exc.message, exc.loc, exc.kind)
     if isinstance(exc, ModelNotServed):
@@ -96,7 +107,7 @@ def from_service_error(exc: ServiceError) -> ApiError:
 
 
 async def service_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    """FastAPI handler for the service's domain errors (:mod:`predictor.service_errors`)."""
+    """FastAPI handler for the service's domain errors (:mod:`predictor.core.errors`)."""
     assert isinstance(exc, ServiceError)
     return from_service_error(exc).response()
 
@@ -119,23 +130,3 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
         location = location[1:]  # the request model's class name, not a field
     message = str(first.get("msg", "invalid request body"))
     return invalid_field(message, tuple(location), str(first.get("type", "value_error"))).response()
-
-
-def format_param(location: Sequence[int | str]) -> str:
-    """A field path such as ``inputs[0].shape`` from a location like ``("inputs", 0, "shape")``."""
-    text = ""
-    for part in location:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def parse_param(param: str) -> Location:
-    """The location of a path written by :func:`format_param` (``instances[2].model`` → ``("instances", 2, "model")``)."""
-    parts: list[int | str] = []
-    for dotted in param.split(".") if param else ():
-        name, _, rest = dotted.partition("[")
-        if name:
-            parts.append(name)
-        for index in rest.rstrip("]").split("][") if rest else ():
-            parts.append(int(index) if index.isdigit() else index)
-    return tuple(parts)

@@ -1,9 +1,9 @@
-"""Where the preparation of bodies (:mod:`predictor.prepare`) runs: a thread of the serving process, or a
+"""Where the preparation of bodies (:mod:`predictor.serving.prepare`) runs: a thread of the serving process, or a
 pool of worker processes (``--encode-processes N``) that read, validate and tokenize outside the serving
 process's interpreter lock, which the event loop and the engine's output handling need.
 
 Workers are started with ``spawn`` (the serving process holds threads and maybe CUDA: never ``fork``) and
-each loads the release's ``tokenizer.json`` once (:class:`predictor.prepare.ReleaseTokenizer`: no torch,
+each loads the release's ``tokenizer.json`` once (:class:`predictor.serving.prepare.ReleaseTokenizer`: no torch,
 about 0.3 GB with the Qwen3.5 vocabulary); before the model is ready every worker encodes a probe body,
 which must match the engine tokenizer's prompt. A worker that dies fails the requests it held with 503 +
 Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered. A worker whose job runs
@@ -24,10 +24,10 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from predictor import prepare
-from predictor.prepare import PrepareSettings
-from predictor.request_policy import RequestPolicy
-from predictor.service_errors import Unavailable
+from predictor.core.errors import Unavailable
+from predictor.serving import prepare
+from predictor.serving.prepare import PrepareSettings
+from predictor.serving.request_policy import RequestPolicy
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Load tool: ``python -m predictor.bench`` — N concurrent clients against a running predictor.
+"""Load tool: ``python -m bench.load`` — N concurrent clients against a running predictor.
 
-    python -m predictor.bench --url http://127.0.0.1:8080 --clients 8 --requests 200
-    python -m predictor.bench --direct --model-dir DIR --engine transformers --clients 8 --requests 200
+    python -m bench.load --url http://127.0.0.1:8080 --clients 8 --requests 200
+    python -m bench.load --direct --model-dir DIR --engine transformers --clients 8 --requests 200
 
 Prints requests/s, prompt tokens/s, p50/p95/p99 latency and errors. ``--direct`` calls the engine in
 this process (no HTTP) with the same requests: the difference in latency is the HTTP overhead.
@@ -133,24 +133,20 @@ async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
     """Load on the engine in this process (validation, encoding, scoring; no HTTP), one run per client count."""
     from predictor.cli import DEFAULT_ANSWER_CACHE_BYTES, build_parser
     from predictor.engines import build_engine
-    from predictor.lifecycle import Lifecycle, Phase
-    from predictor.service import ModelCard, SystemOneService
+    from predictor.serving.lifecycle import Lifecycle, Phase
+    from predictor.serving.options import ServingOptions, build_service
+    from predictor.serving.service import ModelCard
 
-    predictor_args = build_parser().parse_args(
-        ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
-         "--dp", str(args.dp)]
-    )
-    engine = build_engine(predictor_args, args.model_dir)
+    argv = ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
+            "--dp", str(args.dp)]
+    engine = build_engine(build_parser(argv).parse_args(argv), args.model_dir)
     await engine.start()
     lifecycle = Lifecycle(args.model)
     lifecycle.enter(Phase.OK)
-    service = SystemOneService(
-        engine,
-        ModelCard(args.model, "bench", "1970-01-01"),
-        lifecycle,
-        max_queued=1 << 30,
-        answer_cache_bytes=DEFAULT_ANSWER_CACHE_BYTES if args.answer_cache else 0,
+    options = ServingOptions(
+        max_queued=1 << 30, answer_cache_bytes=DEFAULT_ANSWER_CACHE_BYTES if args.answer_cache else 0
     )
+    service = build_service(engine, ModelCard(args.model, "bench", "1970-01-01"), lifecycle, options)
 
     async def call(index: int) -> int:
         response = await service.answer(bench_request(index, args.model, args.repeat_fraction))
@@ -168,7 +164,7 @@ async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
-    parser = argparse.ArgumentParser(prog="python -m predictor.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="predictor base URL")
     parser.add_argument("--model", default=MODEL_NAME, help="model name in the requests")
     parser.add_argument(

@@ -1,11 +1,11 @@
-"""System One answering, shared by every route: admit, prepare (read, validate, encode: :mod:`predictor.prepare`,
+"""System One answering, shared by every route: admit, prepare (read, validate, encode: :mod:`predictor.serving.prepare`,
 in a thread or in encode worker processes), score, answer.
 
-Failures are domain errors (:mod:`predictor.service_errors`); the HTTP layer maps them to statuses.
+Failures are domain errors (:mod:`predictor.core.errors`); the HTTP layer maps them to statuses.
 Admission is bounded (``max_queued`` records at once, and no more than the measured service rate answers
 within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded`` with Retry-After);
 identical prompts are scored once, and a body identical to one answered before is answered without being
-read again (:class:`~predictor.answer_cache.AnswerCache`).
+read again (:class:`~predictor.serving.answer_cache.AnswerCache`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ import torch
 from clef_head.answers import build_response
 from clef_head.encoder import EncodedRequest
 from clef_head.request import DEFAULT_LIMITS, RequestLimits, SystemOneRequest
-from predictor import metrics, prepare
-from predictor.admission import ServiceRate, retry_after_s
-from predictor.answer_cache import AnswerCache, body_key, cache_key
-from predictor.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
-from predictor.encode_pool import InProcessPreparer, Preparer
+from predictor.core import metrics
+from predictor.core.errors import EngineFailed, ServiceError, Unavailable
 from predictor.engines.base import Engine, EngineDead
-from predictor.lifecycle import Lifecycle
-from predictor.observe import record_tokens
-from predictor.prepare import Prepared, PrepareSettings
-from predictor.request_policy import RequestPolicy
-from predictor.service_errors import EngineFailed, ServiceError, Unavailable
+from predictor.serving import prepare
+from predictor.serving.admission import ServiceRate, retry_after_s
+from predictor.serving.answer_cache import AnswerCache, body_key, cache_key
+from predictor.serving.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
+from predictor.serving.encode_pool import InProcessPreparer, Preparer
+from predictor.serving.lifecycle import Lifecycle
+from predictor.serving.prepare import Prepared, PrepareSettings
+from predictor.serving.request_policy import RequestPolicy
+from predictor.serving.request_record import record_tokens
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,13 @@ class SystemOneService:
         on_engine_failure: Callable[[], None] = lambda: None,
         preparer: Preparer | None = None,
         max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
+        policy: RequestPolicy = RequestPolicy(),
     ) -> None:
         self.engine = engine
         self.card = card
         self.lifecycle = lifecycle
         self.limits = limits
-        self.policy = RequestPolicy()
+        self.policy = policy
         self.max_queued = max_queued if max_queued is not None else QUEUE_FACTOR * engine.capacity
         if self.max_queued < 1:
             raise ValueError("max_queued must be at least 1")
@@ -144,7 +146,7 @@ class SystemOneService:
         return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length)
 
     async def _prepare(self, job: Callable[..., T], *args: Any) -> T:
-        """Run a :mod:`predictor.prepare` job where the preparer runs it; the encode stage's time is the
+        """Run a :mod:`predictor.serving.prepare` job where the preparer runs it; the encode stage's time is the
         round trip (reading, validating and encoding, plus the hop to a worker process), per record."""
         started = time.perf_counter()
         result = await self.preparer.run(job, self.settings, *args)

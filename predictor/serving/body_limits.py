@@ -22,8 +22,7 @@ from __future__ import annotations
 import re
 
 from clef_head.request import DEFAULT_LIMITS
-from predictor.errors import parse_param
-from predictor.service_errors import BadInput, TooLarge
+from predictor.core.errors import BadInput, TooLarge, parse_param
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 MAX_JSON_VALUES = 1 << 18

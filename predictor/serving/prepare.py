@@ -3,7 +3,7 @@ names) and encode it (the tokenizer), for one body, a batch body or parsed KServ
 
 Every function here is top level and takes the tokenizer and :class:`PrepareSettings` as arguments, so the
 same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
-worker processes of :class:`predictor.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
+worker processes of :class:`predictor.serving.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
 against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
 either way. Nothing here imports torch, transformers or an engine.
 """
@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+import orjson
+
 from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
 from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
-from predictor.errors import invalid_field, parse_param
-from predictor.http_body import decode_json_body
-from predictor.request_policy import RequestPolicy
-from predictor.route_guard import quoted
-from predictor.service_errors import BadInput, ModelNotServed, ServiceError, TooLarge
+from predictor.core.errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unreadable, parse_param, quoted
+from predictor.serving.request_policy import RequestPolicy
 
 Prepared = tuple[SystemOneRequest, EncodedRequest]
 T = TypeVar("T")
@@ -102,6 +101,24 @@ def prepare_each(
     return results
 
 
+def decode_json_body(raw: bytes, content_type: str) -> Any:
+    """Parse a JSON request body (any Content-Type but multipart); :class:`Unreadable` when it is not JSON.
+
+    A multipart body is how the TypeSafe SDK sends images: :class:`Unreadable` naming ``assets``.
+    """
+    if content_type.split(";")[0].strip().lower().startswith("multipart/"):
+        raise Unreadable(
+            "images and videos are not supported: this model reads text and JSON only (send application/json)",
+            ("assets",),
+        )
+    if not raw.strip():
+        raise Unreadable("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Unreadable(f"the request body is not valid JSON: {exc}") from None
+
+
 def prepare_json(tokenizer: Any, settings: PrepareSettings, raw: bytes, content_type: str) -> Prepared:
     """``POST /v1/systemone``: read the raw body, validate and encode it."""
     return prepare(tokenizer, settings, decode_json_body(raw, content_type))
@@ -112,7 +129,7 @@ def read_batch(raw: bytes, content_type: str, max_items: int) -> list[Any]:
     bodies = decode_json_body(raw, content_type)
     if not isinstance(bodies, list) or not 1 <= len(bodies) <= max_items:
         got = f"{len(bodies)} items" if isinstance(bodies, list) else f"a JSON {type(bodies).__name__}"
-        raise invalid_field(
+        raise BadInput(
             f"the body must be a JSON array of 1 to {max_items} System One requests (--max-batch-items), got {got}",
             (),
             "list_type",
@@ -128,7 +145,7 @@ def prepare_batch_json(
     return prepare_each(tokenizer, settings, bodies, [f"[{index}]" for index in range(len(bodies))])
 
 
-# The worker side of predictor.encode_pool: each worker process loads the release's tokenizer once.
+# The worker side of predictor.serving.encode_pool: each worker process loads the release's tokenizer once.
 _worker_tokenizer: Any = None
 _worker_job_deadline_s = 0
 TOKENIZER_FILE = "tokenizer.json"

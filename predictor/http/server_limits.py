@@ -10,13 +10,13 @@ deliver a request's headers within ``header_timeout`` seconds of opening or of i
 reserve of :data:`PROBE_RESERVE`), a request with both Content-Length and Transfer-Encoding gets 400 and its
 connection closed, and the open-file limit is raised to what ``max_connections`` needs.
 The heap built at startup is frozen (``gc.freeze``) before serving.
-The body's own timeout and size are the request-body middleware's (``predictor.http_body``).
+The body's own timeout and size are the request-body middleware's (``predictor.http.http_body``).
 
 KServe's repository extension stops the engine on ``unload`` and its ``load`` does nothing (the model stays
 503 for good): :class:`ServingSwitch` takes the model out of service and puts it back instead.
 
 KServe's gRPC server (``--enable_grpc``, off by default here) listens on every interface with no access
-check; :class:`ClefGRPCServer` is KServe's, bound to ``--host``, with :mod:`predictor.grpc_access`'s
+check; :class:`ClefGRPCServer` is KServe's, bound to ``--host``, with :mod:`predictor.http.grpc_access`'s
 interceptor (API keys, closed repository methods), messages up to ``--max-body-bytes``, at most
 ``--max-connections`` calls at once, and our errors mapped to their gRPC status.
 """
@@ -46,11 +46,12 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from predictor.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
-from predictor.errors import ApiError, bad_request, from_service_error
-from predictor.grpc_access import AccessInterceptor, grpc_status
-from predictor.lifecycle import Lifecycle, Phase
-from predictor.service_errors import ServiceError, Unavailable
+from predictor.core.errors import ServiceError, Unavailable
+from predictor.http.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
+from predictor.http.compat import rest_server
+from predictor.http.errors import ApiError, bad_request, from_service_error
+from predictor.http.grpc_access import AccessInterceptor, grpc_status
+from predictor.serving.lifecycle import Lifecycle, Phase
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class HttpLimits:
 
 
 #: uvicorn cancels requests still running this long after the drain (a cancelled request is a 500): it never
-#: comes to that, the shutdown middleware (``predictor.lifecycle.GracefulShutdown``) answers them 503 first.
+#: comes to that, the shutdown middleware (``predictor.http.shutdown.GracefulShutdown``) answers them 503 first.
 UVICORN_GRACE_AFTER_DRAIN_S = 3.0
 
 
@@ -291,7 +292,7 @@ class ClefModelServer(kserve.ModelServer):
         # The startup heap (engine, tokenizer, modules) is long-lived: frozen, the collections that a
         # request's many new objects trigger do not walk it again and again.
         gc.freeze()
-        rest = self._rest_server
+        rest = rest_server(self)
         assert rest is not None, "one REST server (workers=1) is expected"
         config = rest.config
         config.host = self.limits.host

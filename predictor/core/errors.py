@@ -1,4 +1,8 @@
-"""What the System One service can fail with, as domain errors; the HTTP layer maps them to statuses."""
+"""What the System One service can fail with, as domain errors, and the field paths they name.
+
+Nothing here knows HTTP: :func:`predictor.http.errors.from_service_error` is the one place that maps each
+error to a status code.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,34 @@ from collections.abc import Sequence
 from typing import Any
 
 Location = tuple[int | str, ...]
+MAX_QUOTED_CHARS = 64
+
+
+def format_param(location: Sequence[int | str]) -> str:
+    """A field path such as ``inputs[0].shape`` from a location like ``("inputs", 0, "shape")``."""
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def parse_param(param: str) -> Location:
+    """The location of a path written by :func:`format_param` (``instances[2].model`` → ``("instances", 2, "model")``)."""
+    parts: list[int | str] = []
+    for dotted in param.split(".") if param else ():
+        name, _, rest = dotted.partition("[")
+        if name:
+            parts.append(name)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            parts.append(int(index) if index.isdigit() else index)
+    return tuple(parts)
+
+
+def quoted(name: str) -> str:
+    """``name`` in quotes, cut to :data:`MAX_QUOTED_CHARS` characters (an error must not echo a huge name)."""
+    if len(name) > MAX_QUOTED_CHARS:
+        return repr(name[:MAX_QUOTED_CHARS]) + f"... ({len(name)} characters)"
+    return repr(name)
 
 
 def rebuild_error(cls: type[Exception], args: tuple[Any, ...], state: dict[str, Any]) -> Exception:
@@ -33,6 +65,10 @@ class ServiceError(PicklableError):
         self.kind = kind
         where = ".".join(map(str, self.loc))
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class Unreadable(ServiceError):
+    """The body cannot be read at all (not JSON, empty, multipart); ``loc`` names a field when one is to blame."""
 
 
 class BadInput(ServiceError):

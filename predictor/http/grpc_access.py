@@ -5,7 +5,7 @@
   ``UNAUTHENTICATED`` before KServe's servicer runs.
 - ``RepositoryModelLoad`` / ``RepositoryModelUnload`` end ``UNIMPLEMENTED`` unless ``--enable-model-repository``,
   as their HTTP routes answer 404.
-- Our errors (:class:`~predictor.errors.ApiError`, :class:`~predictor.service_errors.ServiceError`) keep their
+- Our errors (:class:`~predictor.http.errors.ApiError`, :class:`~predictor.core.errors.ServiceError`) keep their
   meaning: a bad request is ``INVALID_ARGUMENT`` naming the field, a busy or draining server ``UNAVAILABLE``
   (KServe's own mapping would call them ``INTERNAL``).
 """
@@ -18,9 +18,9 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc import aio
 
-from predictor.auth import ApiKeys, bearer_token
-from predictor.errors import ApiError, from_service_error
-from predictor.service_errors import ServiceError
+from predictor.core.errors import ServiceError
+from predictor.http.auth import ApiKeys, bearer_token
+from predictor.http.errors import ApiError, from_service_error
 
 SERVICE = "inference.GRPCInferenceService"
 REPOSITORY_METHODS = frozenset({f"/{SERVICE}/RepositoryModelLoad", f"/{SERVICE}/RepositoryModelUnload"})

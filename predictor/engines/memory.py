@@ -2,7 +2,7 @@
 
 The transformers engine needs its weights (in the engine's dtype) once per ``--dp`` engine, plus one
 batch's activations; vLLM's CPU build reserves ``--gpu-memory-utilization`` of the machine's memory when
-that flag is given (else :mod:`predictor.cpu_kv_cache` sizes its cache).
+that flag is given (else :mod:`predictor.engines.cpu_kv_cache` sizes its cache).
 """
 
 from __future__ import annotations

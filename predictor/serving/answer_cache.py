@@ -23,7 +23,7 @@ import torch
 
 from clef_head.encoder import EncodedRequest
 from clef_head.layout import RecordLayout
-from predictor import metrics
+from predictor.core import metrics
 
 CacheKey = tuple[bytes, RecordLayout]
 BodyKey = tuple[Hashable, str, bytes]

@@ -17,10 +17,10 @@ from typing import Any, Awaitable, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from predictor.body_limits import DEFAULT_MAX_BATCH_ITEMS
-from predictor.errors import from_service_error
-from predictor.service import SystemOneService
-from predictor.service_errors import ServiceError
+from predictor.core.errors import ServiceError
+from predictor.http.errors import from_service_error
+from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
+from predictor.serving.service import SystemOneService
 
 JEV_PREFIX = "/jev"
 

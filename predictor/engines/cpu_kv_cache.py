@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictor.memory import GIB, InsufficientMemory, available_bytes
+from predictor.engines.memory import GIB, InsufficientMemory, available_bytes
 
 KV_SHARE_OF_FREE = 0.5
 """Most of the memory left free after the weights that the KV cache takes by default; the rest stays for

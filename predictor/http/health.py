@@ -2,7 +2,7 @@
 readiness ``GET /v2/health/ready``, answered from the lifecycle (KServe's own answers 200 while warm-up runs).
 
 Model readiness stays on KServe's own routes (``GET /v1/models/<name>``, ``/v2/models/<name>/ready``),
-which ask the model's :class:`~predictor.lifecycle.Lifecycle` too. KServe logs each of their 503s with a
+which ask the model's :class:`~predictor.serving.lifecycle.Lifecycle` too. KServe logs each of their 503s with a
 traceback at ERROR; :class:`NotReadyTracebackFilter` drops those (a probe during warm-up is no error).
 """
 
@@ -14,7 +14,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from kserve.errors import ModelNotReady
 
-from predictor.lifecycle import Lifecycle, Phase
+from predictor.serving.lifecycle import Lifecycle, Phase
 
 SERVER_READY_PATH = "/v2/health/ready"
 LIVENESS_PATH = "/health/live"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import re
 import threading
 import time
@@ -18,7 +17,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Callable
 
-from predictor.errors import AUTHENTICATION, ApiError
+from predictor.http.errors import AUTHENTICATION, ApiError
 
 log = logging.getLogger(__name__)
 

@@ -10,34 +10,43 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
-from predictor.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
-from predictor.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
-from predictor.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
-from predictor.health import install_health_routes
-from predictor.http_body import RequestBodyMiddleware
-from predictor.body_limits import DEFAULT_MAX_BATCH_ITEMS
-from predictor.jev_api import add_routes
-from predictor.lifecycle import GracefulShutdown
-from predictor.observe import RequestObserverMiddleware
-from predictor.request_policy import RequestPolicy
-from predictor.route_guard import RouteGuardMiddleware
-from predictor.server_limits import GrpcSettings, HttpLimits
-from predictor.service_errors import ServiceError
+from predictor.core.errors import ServiceError
+from predictor.http.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
+from predictor.http.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
+from predictor.http.health import install_health_routes
+from predictor.http.http_body import RequestBodyMiddleware
+from predictor.http.jev_api import add_routes
+from predictor.http.observe import RequestObserverMiddleware
+from predictor.http.route_guard import RouteGuardMiddleware
+from predictor.http.server_limits import GrpcSettings, HttpLimits
+from predictor.http.shutdown import GracefulShutdown
+from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
+from predictor.serving.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
+from predictor.serving.request_policy import RequestPolicy
 
 if TYPE_CHECKING:
     import kserve
 
-    from predictor.model import ClefModel
+    from predictor.serving.lifecycle import Lifecycle
+    from predictor.serving.service import SystemOneService
 
 DEFAULTS = HttpLimits()
 SDK_DEFAULT_MODEL = "jev-latest"
 """The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
+
+
+class ServedModel(Protocol):
+    """What the HTTP layer needs of the served model (:class:`predictor.model.ClefModel`, the layer above)."""
+
+    name: str
+    service: SystemOneService | None
+    lifecycle: Lifecycle
 
 
 def add_api_args(group: argparse._ActionsContainer) -> None:
@@ -196,14 +205,13 @@ def grpc_settings(args: argparse.Namespace, keys: ApiKeys) -> GrpcSettings | Non
     )
 
 
-def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace, keys: ApiKeys) -> None:
+def install_api(app: FastAPI, model: ServedModel, args: argparse.Namespace, keys: ApiKeys) -> None:
     """Add the middleware, error handlers and routes to KServe's app (before the server starts).
 
     Middleware, outermost first: request ids and metrics, the shutdown window (503 once SIGTERM came), API keys,
     closed routes, request bodies.
     """
     assert model.service is not None, "load the model first"
-    model.service.policy = request_policy(args)
     app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
     app.add_middleware(
         RouteGuardMiddleware,
@@ -224,7 +232,7 @@ def install_api(app: FastAPI, model: ClefModel, args: argparse.Namespace, keys: 
     install_health_routes(app, model.lifecycle)
 
 
-def register_aliases(server: kserve.ModelServer, model: ClefModel, args: argparse.Namespace) -> None:
+def register_aliases(server: kserve.ModelServer, model: kserve.Model, args: argparse.Namespace) -> None:
     """Serve the model under each alias (:func:`model_aliases`) on KServe's routes too."""
     for alias in model_aliases(args):
         server.register_model(model, name=alias)

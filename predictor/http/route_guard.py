@@ -6,7 +6,7 @@
 - Model versions (``/v2/models/<name>/versions/...``) and explanations (``:explain``) do not exist here:
   404, not KServe's 501.
 - ``/v1/models/<name>...`` and ``/v2/models/<name>...`` for a name this server does not serve: 404 that
-  quotes at most :data:`MAX_QUOTED_CHARS` characters of the name.
+  quotes at most :data:`predictor.core.errors.MAX_QUOTED_CHARS` characters of the name.
 """
 
 from __future__ import annotations
@@ -15,21 +15,14 @@ import re
 from http import HTTPStatus
 from typing import Any, Callable, Collection
 
-from predictor.errors import NOT_FOUND, ApiError
+from predictor.core.errors import quoted
+from predictor.http.errors import NOT_FOUND, ApiError
 
-MAX_QUOTED_CHARS = 64
 REPOSITORY = re.compile(r"^/v2/repository(/|$)")
 DOCS = re.compile(r"^/(openapi\.json|docs|docs/oauth2-redirect|redoc)$")
 VERSIONS = re.compile(r"^/v2/models/[^/]+/versions(/|$)")
 EXPLAIN = re.compile(r"^/v1/models/[^/]+:explain$")
 MODEL_PATH = re.compile(r"^/v[12]/models/([^/:]+)")
-
-
-def quoted(name: str) -> str:
-    """``name`` in quotes, cut to :data:`MAX_QUOTED_CHARS` characters (a 404 must not echo a huge path)."""
-    if len(name) > MAX_QUOTED_CHARS:
-        return repr(name[:MAX_QUOTED_CHARS]) + f"... ({len(name)} characters)"
-    return repr(name)
 
 
 def not_found(message: str, param: str | None = None) -> ApiError:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from cloudevents.http import from_http
 
-from predictor.errors import ApiError, bad_request
+from predictor.http.errors import ApiError, bad_request
 
 HEADER_LENGTH = "inference-header-content-length"
 #: Bytes per element of the fixed-size V2 datatypes (BYTES elements carry their own 4-byte lengths).

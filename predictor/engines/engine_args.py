@@ -4,9 +4,10 @@ With vLLM installed the parser is vLLM's ``FlexibleArgumentParser`` with every f
 ``AsyncEngineArgs.add_cli_args`` (``--tensor-parallel-size``, ``--kv-cache-memory-bytes``,
 ``--quantization`` ...); :func:`vllm_engine_args` builds them with ``AsyncEngineArgs.from_cli_args``
 and lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
-contradictions). Without vLLM (a transformers-only install) only the flags the transformers engine
-reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``, ``--dtype``.
-``--dp`` is an alias of ``--data-parallel-size`` either way.
+contradictions). Without vLLM (a transformers-only install), or when the vLLM engine cannot be chosen
+(``--engine transformers``: building vLLM's parser imports vLLM, seconds of every start), only the flags the
+transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``,
+``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
 """
 
 from __future__ import annotations
@@ -31,18 +32,20 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def new_parser(**kwargs: Any) -> argparse.ArgumentParser:
-    """vLLM's ``FlexibleArgumentParser`` when vLLM is installed (its dict flags need it), else argparse's."""
-    if vllm_installed():
+def new_parser(vllm_flags: bool = True, **kwargs: Any) -> argparse.ArgumentParser:
+    """vLLM's ``FlexibleArgumentParser`` when vLLM's flags are wanted and vLLM is installed (its dict flags need
+    it), else argparse's."""
+    if vllm_flags and vllm_installed():
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         return FlexibleArgumentParser(**kwargs)
     return argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """vLLM's engine arguments (or the transformers engine's few), ``--dp``, and the predictor's defaults."""
-    if vllm_installed():
+def add_engine_args(parser: argparse.ArgumentParser, vllm_flags: bool = True) -> None:
+    """vLLM's engine arguments when wanted and installed (else the transformers engine's few), ``--dp``, and the
+    predictor's defaults."""
+    if vllm_flags and vllm_installed():
         from vllm import AsyncEngineArgs
 
         AsyncEngineArgs.add_cli_args(parser)
@@ -53,7 +56,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         )
         parser.set_defaults(max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
         return
-    group = parser.add_argument_group("engine (vLLM is not installed: the transformers engine's flags only)")
+    group = parser.add_argument_group(
+        "engine", "the transformers engine's flags only (vLLM is not installed, or --engine transformers)"
+    )
     group.add_argument(
         "--data-parallel-size", "--dp", "-dp", dest="data_parallel_size", type=int, default=1,
         help="data-parallel engines (one per GPU, or N on the CPU) behind one port",
@@ -90,8 +95,9 @@ def release_namespace(args: argparse.Namespace, model_dir: Path) -> argparse.Nam
     machine has no cached copy of it. Raises ``clef_plugin.api.PluginSettingConflict`` for a ``--model``
     other than the release folder.
     """
-    from clef_plugin.api import PluginSettingConflict
     from vllm import AsyncEngineArgs
+
+    from clef_plugin.api import PluginSettingConflict
 
     release = str(model_dir)
     if args.model not in (AsyncEngineArgs.model, release):
@@ -108,8 +114,9 @@ def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) ->
     about 20 s of each start on a 2-core machine (BENCHMARKS.md, "Start time").
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
-    import clef_plugin
     from vllm import AsyncEngineArgs
+
+    import clef_plugin
 
     parsed = AsyncEngineArgs.from_cli_args(release_namespace(args, model_dir))
     given = changed_engine_args(parsed)

@@ -4,10 +4,10 @@ The middleware runs in front of every route, KServe's included, so each route re
 Decompressed bodies are bounded by the same limit (a small compressed body cannot expand without end).
 A body must arrive within ``body_timeout`` seconds (408 otherwise: a slow sender cannot hold a request
 open), decompression runs off the event loop, and KServe V2 binary and CloudEvent bodies are checked
-before KServe decodes them (``predictor.kserve_inputs``).
+before KServe decodes them (``predictor.http.kserve_inputs``).
 
 A body's JSON values, arrays and objects are counted on the raw bytes before anything parses it
-(:mod:`predictor.body_limits`, where every body limit lives): past a limit, 413.
+(:mod:`predictor.serving.body_limits`, where every body limit lives): past a limit, 413.
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ import zlib
 from http import HTTPStatus
 from typing import Any, Callable
 
-import orjson
-
-from predictor.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_JSON_CONTAINERS, check_json_counts
-from predictor.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
-from predictor.kserve_inputs import kserve_body_error
-from predictor.service_errors import TooLarge
+from predictor.core.errors import TooLarge
+from predictor.http.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
+from predictor.http.kserve_inputs import kserve_body_error
+from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_JSON_CONTAINERS, check_json_counts
 
 try:  # Python 3.14+ ships zstd in the standard library.
     from compression.zstd import ZstdDecompressor, ZstdError  # type: ignore[import-not-found]
@@ -73,24 +71,6 @@ def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
         elif coding == "zstd":
             body = _decompress("zstd", ZstdDecompressor(), ZstdError, body, limit)
     return body
-
-
-def decode_json_body(raw: bytes, content_type: str) -> Any:
-    """Parse a JSON request body (any Content-Type but multipart); 400 when it is not JSON.
-
-    A multipart body is how the TypeSafe SDK sends images: 400 naming ``assets``.
-    """
-    if content_type.split(";")[0].strip().lower().startswith("multipart/"):
-        raise bad_request(
-            "images and videos are not supported: this model reads text and JSON only (send application/json)",
-            "assets",
-        )
-    if not raw.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
 
 
 class RequestBodyMiddleware:

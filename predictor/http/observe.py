@@ -15,11 +15,10 @@ import re
 import sys
 import time
 import uuid
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from predictor import metrics
+from predictor.core import metrics
+from predictor.serving.request_record import RequestRecord, current_record
 
 REQUEST_ID_HEADER = "x-request-id"
 SDK_REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -32,28 +31,6 @@ ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("v2_infer", re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")),
 )
 request_logger = logging.getLogger("clef.requests")
-
-
-@dataclass
-class RequestRecord:
-    """What is known about one request while it runs."""
-
-    request_id: str
-    route: str
-    started: float = field(default_factory=time.perf_counter)
-    input_tokens: int = 0
-    records: int = 0
-
-
-_current: ContextVar[RequestRecord | None] = ContextVar("clef_request", default=None)
-
-
-def record_tokens(tokens: int) -> None:
-    """Add one scored record of ``tokens`` prompt tokens to the current request, if any."""
-    record = _current.get()
-    if record is not None:
-        record.input_tokens += tokens
-        record.records += 1
 
 
 def route_of(path: str) -> str | None:
@@ -116,11 +93,11 @@ class RequestObserverMiddleware:
             await self.app(scope, receive, send_with_id)
             return
         record = RequestRecord(request_id=request_id, route=route)
-        token = _current.set(record)
+        token = current_record.set(record)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            _current.reset(token)
+            current_record.reset(token)
             latency = time.perf_counter() - record.started
             metrics.REQUESTS.labels(route=route, status=str(status)).inc()
             metrics.LATENCY.labels(route=route).observe(latency)

@@ -1,0 +1,62 @@
+"""Contract tests of predictor.http.compat: the KServe, uvicorn and argparse internals the predictor uses exist,
+in the versions they were checked against. A failure here after an upgrade names what to re-check."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.metadata
+import inspect
+
+import kserve
+import pytest
+from kserve.model import BaseKServeModel
+from kserve.model_server import ModelServer
+from kserve.protocol.grpc.server import GRPCServer
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from predictor.http import compat
+
+
+@pytest.mark.parametrize("package", sorted(compat.CHECKED_VERSIONS))
+def test_installed_versions_are_the_checked_ones(package: str) -> None:
+    installed = importlib.metadata.version(package)
+    assert installed == compat.CHECKED_VERSIONS[package], (
+        f"{package} {installed} is installed but predictor.http.compat was checked against "
+        f"{compat.CHECKED_VERSIONS[package]}: re-check every internal listed there, then update CHECKED_VERSIONS"
+    )
+
+
+def test_kserve_model_is_still_a_base_kserve_model() -> None:
+    assert BaseKServeModel in kserve.Model.__mro__
+
+
+@pytest.mark.parametrize(
+    ("owner", "attributes"),
+    [
+        (H11Protocol, compat.H11_PROTOCOL_ATTRIBUTES),
+        (GRPCServer.__init__, compat.GRPC_SERVER_ATTRIBUTES),
+        (BaseKServeModel.__init__, compat.MODEL_ATTRIBUTES_KSERVE_ASSIGNS),
+        (ModelServer, ("_rest_server",)),
+    ],
+)
+def test_the_internal_attributes_are_still_assigned(owner: object, attributes: tuple[str, ...]) -> None:
+    source = inspect.getsource(owner)  # type: ignore[arg-type]
+    missing = [name for name in attributes if f"self.{name} =" not in source]
+    assert not missing, f"{getattr(owner, '__qualname__', owner)} no longer assigns {missing}"
+
+
+def test_kserve_flags_can_be_copied_with_dashes() -> None:
+    actions = compat.kserve_parser_actions()
+    options = {option for action in actions for option in action.option_strings}
+    assert {"--http_port", "--grpc_port", "--enable_grpc"} <= options
+    assert not any(isinstance(action, argparse._HelpAction) for action in actions)
+    parser = argparse.ArgumentParser()
+    assert "-h" in compat.declared_options(parser) and "--http_port" not in compat.declared_options(parser)
+    group = parser.add_argument_group("KServe")
+    port = next(action for action in actions if "--http_port" in action.option_strings)
+    dashed = copy.copy(port)
+    dashed.option_strings = ["--http_port", "--http-port"]
+    compat.add_action(group, dashed)
+    assert parser.parse_args(["--http-port", "9001"]).http_port == 9001
+    assert parser.parse_args(["--http_port", "9002"]).http_port == 9002
