@@ -1,7 +1,7 @@
 """The operator's limits on the real control plane: one validation shared with the API server, objects within the
 API server's limits, adoption of a child that lost its owner reference, a taken name said once, quiet at steady
 state, and a watch broken by an API server restart. Each scenario has its own namespace and pools, named under
-the label key of the cluster-life scenarios."""
+the label key of the cluster-life scenarios. Runs before test_3_helm, which uninstalls the chart."""
 
 from __future__ import annotations
 
