@@ -13,13 +13,12 @@ import pytest
 import yaml
 
 from clef_operator.diffbase import DIGEST_PREFIX
-from clef_operator.spec import InvalidSpecError, parse_spec
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
 from tests.cluster.kube import Kube, Operator, eventually
 from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, start, wait_serving
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
-from tests.operator.validation_cases import BASE, INVALID, VALID
+from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
 
 pytestmark = pytest.mark.cluster
 nodes_to_remove = test_2_cluster_life.nodes_to_remove  # the fixture: nodes a scenario added, deleted after it
@@ -33,14 +32,6 @@ def dry_run_create(kube: Kube, spec: dict[str, Any]) -> tuple[dict[str, Any] | N
             "metadata": {"name": "agree", "namespace": AGREE_NS}, "spec": spec}
     done = kube.run("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=yaml.safe_dump(body), check=False)
     return (json.loads(done.stdout), "") if done.returncode == 0 else (None, done.stderr)
-
-
-def operator_errors(spec: dict[str, Any]) -> str:
-    try:
-        parse_spec(spec)
-    except InvalidSpecError as exc:
-        return str(exc)
-    return ""
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from clef_operator.spec import InvalidSpecError, parse_spec
 from tests.operator.cel import apply_defaults, rule_errors
 from tests.operator.harness import clef_crd
 from tests.operator.schema import crd_validator, errors
-from tests.operator.validation_cases import BASE, INVALID, VALID
+from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
 
 
 def crd_errors(spec: dict[str, Any]) -> list[str]:
@@ -21,14 +20,6 @@ def crd_errors(spec: dict[str, Any]) -> list[str]:
     body = apply_defaults(schema, {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
                                    "metadata": {"name": "c"}, "spec": spec})
     return errors(crd_validator(crd, "v1alpha1"), body) + rule_errors(schema["properties"]["spec"], body["spec"])
-
-
-def operator_errors(spec: dict[str, Any]) -> str:
-    try:
-        parse_spec(spec)
-    except InvalidSpecError as exc:
-        return str(exc)
-    return ""
 
 
 @pytest.mark.parametrize("fields", VALID, ids=[str(i) for i in range(len(VALID))])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from clef_operator.spec import InvalidSpecError, parse_spec
+
 BASE: dict[str, Any] = {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}}
 VALID: list[dict[str, Any]] = [
     {},
@@ -55,3 +57,12 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"nodePools": {"removalGracePeriod": "10 minutes"}}, "removalGracePeriod"),
     ({"deploymentMode": "Serverless"}, "deploymentMode"),
 ]
+
+
+def operator_errors(spec: dict[str, Any]) -> str:
+    """The operator's refusal of ``spec`` (its model's message), or "" when it accepts it."""
+    try:
+        parse_spec(spec)
+    except InvalidSpecError as exc:
+        return str(exc)
+    return ""
