@@ -16,7 +16,7 @@ import argparse
 import random
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -25,8 +25,8 @@ from clef_head.head import JointSchemaHead
 from clef_head.request import parse_request
 from clef_tools.fullsize import FULL_HEAD
 from clef_tools.qwen_vocab import MODEL_VOCAB_SIZE
-from clef_tools.tiny import TINY_HEAD, build_tokenizer
 from clef_tools.sample_requests import make_request
+from clef_tools.tiny import TINY_HEAD, build_tokenizer
 
 SHAPES = {
     "tiny": TINY_HEAD,
@@ -99,10 +99,10 @@ def main() -> None:
         batched = lambda: head(hidden, ids, layouts, lm_head)  # noqa: E731
         single_s = _timed(one_by_one, args.repeats)
         batch_s = _timed(batched, args.repeats)
-        difference = max(
-            (a[0] - b).abs().max().item() for a, b in zip(one_by_one(), batched())
+        difference = max((a[0] - b).abs().max().item() for a, b in zip(one_by_one(), batched()))
+        split = (
+            gpu_split(lambda: head(hidden[:1], ids[:1], layouts[:1], lm_head), 20) if device.type == "cuda" else None
         )
-        split = gpu_split(lambda: head(hidden[:1], ids[:1], layouts[:1], lm_head), 20) if device.type == "cuda" else None
 
     tokens = sum(len(e.input_ids) for e in encoded)
     questions = sum(len(e.layout.questions) for e in encoded)

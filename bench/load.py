@@ -20,10 +20,11 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -137,8 +138,16 @@ async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
     from predictor.serving.options import ServingOptions, build_service
     from predictor.serving.service import ModelCard
 
-    argv = ["--engine", args.engine, "--max-model-len", str(args.max_model_len), "--max-batch", str(args.max_batch),
-            "--dp", str(args.dp)]
+    argv = [
+        "--engine",
+        args.engine,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--max-batch",
+        str(args.max_batch),
+        "--dp",
+        str(args.dp),
+    ]
     engine = build_engine(build_parser(argv).parse_args(argv), args.model_dir)
     await engine.start()
     lifecycle = Lifecycle(args.model)
@@ -174,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each run")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run")
     parser.add_argument(
-        "--repeat-fraction", type=float, default=0.0,
+        "--repeat-fraction",
+        type=float,
+        default=0.0,
         help=f"share of requests that repeat one of {HOT_BODIES} bodies (answer cache / in-flight merging)",
     )
     direct = parser.add_argument_group("direct (no HTTP)")
@@ -185,7 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     direct.add_argument("--max-batch", type=int, default=32)
     direct.add_argument("--dp", type=int, default=1)
     direct.add_argument(
-        "--answer-cache", action=argparse.BooleanOptionalAction, default=True,
+        "--answer-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="the service's answer cache (the predictor's default size); identical requests in flight merge either way",
     )
     args = parser.parse_args(argv)
@@ -197,12 +210,25 @@ def main(argv: list[str] | None = None) -> None:
         runs = asyncio.run(direct_load(args))
     else:
         runs = [
-            (clients, asyncio.run(http_load(args.url, clients, args.requests, args.warmup, partial(bench_request, model=args.model, repeat_fraction=args.repeat_fraction))))
+            (
+                clients,
+                asyncio.run(
+                    http_load(
+                        args.url,
+                        clients,
+                        args.requests,
+                        args.warmup,
+                        partial(bench_request, model=args.model, repeat_fraction=args.repeat_fraction),
+                    )
+                ),
+            )
             for clients in args.clients
         ]
     for clients, results in runs:
         summary = {
-            "mode": "direct" if args.direct else "http", "clients": clients, "repeat_fraction": args.repeat_fraction,
+            "mode": "direct" if args.direct else "http",
+            "clients": clients,
+            "repeat_fraction": args.repeat_fraction,
             **results.summary(),
         }
         if args.json:
@@ -213,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"req/s={summary['requests_per_s']} tok/s={summary['tokens_per_s']} "
                 f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms"
             )
+
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,8 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bench.load import Results, http_load, run_load
 from clef_tools.local_server import free_port, listening, start_and_wait
@@ -47,7 +48,11 @@ async def serve(port: int, rate: float) -> None:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next(
-                    (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
                     0,
                 )
                 await reader.readexactly(length)
@@ -66,7 +71,9 @@ async def serve(port: int, rate: float) -> None:
         await server.serve_forever()
 
 
-async def httpx_load(url: str, clients: int, requests: int, warmup: int, body: Callable[[int], dict[str, Any]]) -> Results:
+async def httpx_load(
+    url: str, clients: int, requests: int, warmup: int, body: Callable[[int], dict[str, Any]]
+) -> Results:
     """The same load through one ``httpx.AsyncClient`` (the comparison)."""
     import httpx
 
@@ -89,8 +96,13 @@ CLIENTS = {"aiohttp": http_load, "httpx": httpx_load}
 def started_server(rate: float) -> tuple[subprocess.Popen[bytes], str]:
     """The server in a child process (its own interpreter: the client's process measures only the client)."""
     port = free_port()
-    child = start_and_wait([sys.executable, "-m", "bench.load_client_ceiling", "--serve", str(port), "--rate", str(rate)],
-                           lambda: listening(port), 30, interval=0.1, what="the test server")
+    child = start_and_wait(
+        [sys.executable, "-m", "bench.load_client_ceiling", "--serve", str(port), "--rate", str(rate)],
+        lambda: listening(port),
+        30,
+        interval=0.1,
+        what="the test server",
+    )
     return child, f"http://127.0.0.1:{port}"
 
 
@@ -118,11 +130,18 @@ def main(argv: list[str] | None = None) -> int:
                     load = CLIENTS[name](url, clients, args.requests, clients, lambda _index: BODY)
                     summary = {"server": server, "client": name, "clients": clients, **asyncio.run(load).summary()}
                     if server == "rate":
-                        summary["ideal"] = {"requests_per_s": args.rate, "latency_ms": round(1000 * clients / args.rate, 1)}
+                        summary["ideal"] = {
+                            "requests_per_s": args.rate,
+                            "latency_ms": round(1000 * clients / args.rate, 1),
+                        }
                     if args.json:
                         print(json.dumps(summary), flush=True)
                     else:
-                        ideal = f"  (ideal: {args.rate:g} req/s, {1000 * clients / args.rate:.0f} ms)" if server == "rate" else ""
+                        ideal = (
+                            f"  (ideal: {args.rate:g} req/s, {1000 * clients / args.rate:.0f} ms)"
+                            if server == "rate"
+                            else ""
+                        )
                         print(
                             f"{server:7} {name:7} clients={clients:4d} errors={summary['errors']} req/s={summary['requests_per_s']:>8} "
                             f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms{ideal}",

@@ -153,8 +153,19 @@ def _run_stage(args: argparse.Namespace, stage: str, name: str) -> dict[str, Any
     """Run one stage in a subprocess; its JSON result, or an error entry with the log's tail."""
     log = args.workdir / f"{stage}-{name}.log"
     command = [
-        sys.executable, "-m", "bench.plugin_gpu_parity", "--stage", stage, "--name", name, "--workdir", str(args.workdir),
-        "--max-model-len", str(args.max_model_len), "--cases", args.cases,
+        sys.executable,
+        "-m",
+        "bench.plugin_gpu_parity",
+        "--stage",
+        stage,
+        "--name",
+        name,
+        "--workdir",
+        str(args.workdir),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--cases",
+        args.cases,
     ]
     start = time.perf_counter()
     try:
@@ -163,7 +174,7 @@ def _run_stage(args: argparse.Namespace, stage: str, name: str) -> dict[str, Any
         lines = [line for line in log.read_text().splitlines() if line.startswith("RESULT ")]
         if not lines:
             raise RuntimeError("the stage printed no RESULT line")
-        return {"ok": True, **json.loads(lines[-1][len("RESULT "):])}
+        return {"ok": True, **json.loads(lines[-1][len("RESULT ") :])}
     except subprocess.TimeoutExpired:
         error = f"timed out after {args.case_timeout} s"
     except (subprocess.CalledProcessError, RuntimeError, json.JSONDecodeError) as exc:
@@ -189,7 +200,9 @@ def _prepare(args: argparse.Namespace, releases: set[str]) -> dict[str, Any]:
         if not (fp8 / "config.json").exists():
             result = subprocess.run(
                 [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(fp8)],
-                capture_output=True, text=True, timeout=args.case_timeout,
+                capture_output=True,
+                text=True,
+                timeout=args.case_timeout,
             )
             if result.returncode != 0:
                 info["fp8_error"] = (result.stdout + result.stderr).splitlines()[-25:]

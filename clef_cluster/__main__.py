@@ -1,9 +1,9 @@
 """``python -m clef_cluster build|up|down|env|status``: the real-cluster tooling from a shell.
 
-    python -m clef_cluster up                  # build once (cached), start everything, print the env
-    eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
-    python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
-    python -m clef_cluster down
+python -m clef_cluster up                  # build once (cached), start everything, print the env
+eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
+python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
+python -m clef_cluster down
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def default_folder() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clef_cluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m clef_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims"])
     parser.add_argument("namespace", nargs="?", default="ml-serving", help="for claims (default ml-serving)")
     parser.add_argument("--dir", type=Path, default=None, help=f"cluster folder (default ${DIR_ENV} or <cache>/run)")

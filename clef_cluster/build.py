@@ -91,8 +91,7 @@ def build(with_kserve: bool = True, log: bool = True) -> Path:
         for name in (n for n in OWN_MODULE if n in todo):
             module, version, package = OWN_MODULE[name]
             with _timed(log, name):
-                _go_build(module_source(module, version), [package], target, LDFLAGS,
-                          rename={Path(package).name: name})
+                _go_build(module_source(module, version), [package], target, LDFLAGS, rename={Path(package).name: name})
     return target
 
 
@@ -100,7 +99,11 @@ def module_source(module: str, version: str) -> Path:
     """A Go module's source (downloaded into the module cache once)."""
     out = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"],
-        env={**go_env(), "GOFLAGS": "-buildvcs=false"}, cwd=_workdir(), check=True, capture_output=True, text=True,
+        env={**go_env(), "GOFLAGS": "-buildvcs=false"},
+        cwd=_workdir(),
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return Path(json.loads(out)["Dir"])
 
@@ -110,15 +113,17 @@ def kserve_source() -> Path:
     return module_source(KSERVE_MODULE, KSERVE_VERSION)
 
 
-def _go_build(module_dir: Path, packages: list[str], target: Path, ldflags: str,
-              rename: dict[str, str] | None = None) -> None:
+def _go_build(
+    module_dir: Path, packages: list[str], target: Path, ldflags: str, rename: dict[str, str] | None = None
+) -> None:
     """``go build`` the packages in ``module_dir`` into a scratch folder, then move the binaries into ``target``."""
     scratch = _workdir() / f"out-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     try:
-        subprocess.run([*GO_BUILD, f"-ldflags={ldflags}", "-o", f"{scratch}/", *packages], cwd=module_dir,
-                       env=go_env(), check=True)
+        subprocess.run(
+            [*GO_BUILD, f"-ldflags={ldflags}", "-o", f"{scratch}/", *packages], cwd=module_dir, env=go_env(), check=True
+        )
         for binary in scratch.iterdir():
             binary.replace(target / (rename or {}).get(binary.name, binary.name))
     finally:

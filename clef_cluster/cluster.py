@@ -66,8 +66,11 @@ class Cluster:
 
     def env(self) -> dict[str, str]:
         """What a shell or a test needs to talk to the cluster."""
-        return {"KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.kube_cache),
-                "CLEF_CLUSTER_DIR": str(self.folder)}
+        return {
+            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECACHEDIR": str(self.kube_cache),
+            "CLEF_CLUSTER_DIR": str(self.folder),
+        }
 
     def save(self) -> None:
         """Write state.json (after every started process, so ``down`` works even after a failed ``up``)."""
@@ -85,9 +88,14 @@ class Cluster:
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster as its admin."""
-        return subprocess.run([kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}",
-                               *args], input=stdin,
-                              capture_output=True, text=True, check=check, timeout=120)
+        return subprocess.run(
+            [kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         """Server-side apply of ``objects`` as the admin."""
@@ -144,58 +152,125 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
     folder = cluster.folder
     pki_dir = folder / "pki"
     ca = pki.Authority.create(pki_dir)
-    serving = ca.serving("kube-apiserver", (*pki.LOOPBACK_NAMES, "10.96.0.1", "kubernetes", "kubernetes.default",
-                                            "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))
+    serving = ca.serving(
+        "kube-apiserver",
+        (
+            *pki.LOOPBACK_NAMES,
+            "10.96.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+    )
     sa = pki.signing_key(pki_dir)
     for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok"):
         cluster.ports[name] = free_port()
     admin = ca.client("admin", "clef-cluster-admin", ("system:masters",))
     _kubeconfig(cluster, "admin", admin, ca.cert)
-    cm = _kubeconfig(cluster, "controller-manager", ca.client("controller-manager", "system:kube-controller-manager"),
-                     ca.cert)
+    cm = _kubeconfig(
+        cluster, "controller-manager", ca.client("controller-manager", "system:kube-controller-manager"), ca.cert
+    )
     scheduler = _kubeconfig(cluster, "scheduler", ca.client("scheduler", "system:kube-scheduler"), ca.cert)
 
     etcd_url, peer_url = (f"http://127.0.0.1:{cluster.ports[n]}" for n in ("etcd", "etcd-peer"))
-    _launch(cluster, "etcd", [
-        str(bins / "etcd"), "--name=clef", f"--data-dir={folder / 'etcd'}", f"--listen-client-urls={etcd_url}",
-        f"--advertise-client-urls={etcd_url}", f"--listen-peer-urls={peer_url}",
-        f"--initial-advertise-peer-urls={peer_url}", f"--initial-cluster=clef={peer_url}",
-        "--unsafe-no-fsync", "--log-level=warn",
-    ])
+    _launch(
+        cluster,
+        "etcd",
+        [
+            str(bins / "etcd"),
+            "--name=clef",
+            f"--data-dir={folder / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=clef={peer_url}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
     wait_for(lambda: _http_ok(f"{etcd_url}/health"), "etcd", cluster.process("etcd"))
 
-    _launch(cluster, "kube-apiserver", [
-        str(bins / "kube-apiserver"), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        f"--secure-port={cluster.ports['kube-apiserver']}", f"--tls-cert-file={serving.cert}",
-        f"--tls-private-key-file={serving.key}", f"--client-ca-file={ca.cert}", "--authorization-mode=Node,RBAC",
-        f"--service-account-issuer={ISSUER}", f"--service-account-key-file={sa.cert}",
-        f"--service-account-signing-key-file={sa.key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-        f"--enable-admission-plugins={ADMISSION_PLUGINS}", "--endpoint-reconciler-type=none",
-        "--allow-privileged=true", f"--cert-dir={folder / 'apiserver'}", "--profiling=false",
-    ])
-    wait_for(lambda: _http_ok(f"{cluster.server}/readyz", ca.cert, admin), "kube-apiserver",
-             cluster.process("kube-apiserver"))
+    _launch(
+        cluster,
+        "kube-apiserver",
+        [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={cluster.ports['kube-apiserver']}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={ca.cert}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={ISSUER}",
+            f"--service-account-key-file={sa.cert}",
+            f"--service-account-signing-key-file={sa.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            f"--cert-dir={folder / 'apiserver'}",
+            "--profiling=false",
+        ],
+    )
+    wait_for(
+        lambda: _http_ok(f"{cluster.server}/readyz", ca.cert, admin),
+        "kube-apiserver",
+        cluster.process("kube-apiserver"),
+    )
 
-    _launch(cluster, "kube-controller-manager", [
-        str(bins / "kube-controller-manager"), f"--kubeconfig={cm}", "--secure-port=0", "--leader-elect=false",
-        "--use-service-account-credentials=true", f"--service-account-private-key-file={sa.key}",
-        f"--root-ca-file={ca.cert}", "--kube-api-qps=100", "--kube-api-burst=200",
-    ])
+    _launch(
+        cluster,
+        "kube-controller-manager",
+        [
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={cm}",
+            "--secure-port=0",
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={sa.key}",
+            f"--root-ca-file={ca.cert}",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ],
+    )
     # The service-account controller making `default` in a namespace shows the controllers run.
-    wait_for(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
-             .returncode == 0, "kube-controller-manager", cluster.process("kube-controller-manager"))
+    wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+        "kube-controller-manager",
+        cluster.process("kube-controller-manager"),
+    )
 
-    _launch(cluster, "kube-scheduler", [
-        str(bins / "kube-scheduler"), f"--kubeconfig={scheduler}", "--secure-port=0", "--leader-elect=false",
-    ])
-    _launch(cluster, "kwok", [
-        str(bins / "kwok"), f"--kubeconfig={cluster.kubeconfig}", "--manage-all-nodes=false",
-        f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}={nodes.KWOK_VALUE}",
-        "--manage-nodes-with-label-selector=", "--cidr=10.0.0.1/16", "--node-ip=10.0.0.1",
-        f"--disregard-status-with-annotation-selector={nodes.CUSTOM_STATUS_ANNOTATION}={nodes.CUSTOM_STATUS_VALUE}",
-        "--disregard-status-with-label-selector=",
-        "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{cluster.ports['kwok']}",
-    ], env={**os.environ, "HOME": str(folder)})  # HOME: no user-wide ~/.kwok configuration
+    _launch(
+        cluster,
+        "kube-scheduler",
+        [
+            str(bins / "kube-scheduler"),
+            f"--kubeconfig={scheduler}",
+            "--secure-port=0",
+            "--leader-elect=false",
+        ],
+    )
+    _launch(
+        cluster,
+        "kwok",
+        [
+            str(bins / "kwok"),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}={nodes.KWOK_VALUE}",
+            "--manage-nodes-with-label-selector=",
+            "--cidr=10.0.0.1/16",
+            "--node-ip=10.0.0.1",
+            f"--disregard-status-with-annotation-selector={nodes.CUSTOM_STATUS_ANNOTATION}={nodes.CUSTOM_STATUS_VALUE}",
+            "--disregard-status-with-label-selector=",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{cluster.ports['kwok']}",
+        ],
+        env={**os.environ, "HOME": str(folder)},
+    )  # HOME: no user-wide ~/.kwok configuration
     wait_for(lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kwok']}/healthz"), "kwok", cluster.process("kwok"))
     wait_for(lambda: cluster.process("kube-scheduler").alive(), "kube-scheduler", cluster.process("kube-scheduler"))
 
@@ -204,14 +279,27 @@ def _start_kserve(cluster: Cluster, bins: Path) -> None:
     for name in ("kserve-webhook", "kserve-metrics", "kserve-probe"):
         cluster.ports[name] = free_port()
     certs = kserve.prepare(cluster)
-    _launch(cluster, "kserve-manager", [
-        str(bins / KSERVE_MANAGER), f"--webhook-port={cluster.ports['kserve-webhook']}",
-        f"--metrics-addr=127.0.0.1:{cluster.ports['kserve-metrics']}",
-        f"--health-probe-addr=127.0.0.1:{cluster.ports['kserve-probe']}",
-    ], env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAMESPACE": kserve.NAMESPACE,
-            "TMPDIR": str(certs)})
-    wait_for(lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kserve-probe']}/readyz"), "KServe's manager",
-             cluster.process("kserve-manager"))
+    _launch(
+        cluster,
+        "kserve-manager",
+        [
+            str(bins / KSERVE_MANAGER),
+            f"--webhook-port={cluster.ports['kserve-webhook']}",
+            f"--metrics-addr=127.0.0.1:{cluster.ports['kserve-metrics']}",
+            f"--health-probe-addr=127.0.0.1:{cluster.ports['kserve-probe']}",
+        ],
+        env={
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "POD_NAMESPACE": kserve.NAMESPACE,
+            "TMPDIR": str(certs),
+        },
+    )
+    wait_for(
+        lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['kserve-probe']}/readyz"),
+        "KServe's manager",
+        cluster.process("kserve-manager"),
+    )
     kserve.register_webhooks(cluster)
 
 
@@ -224,7 +312,9 @@ def _launch(cluster: Cluster, name: str, args: list[str], env: dict[str, str] | 
 def _kubeconfig(cluster: Cluster, name: str, client: pki.Pair, ca: Path) -> Path:
     path = cluster.folder / f"{name}.kubeconfig"
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "clef",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "clef",
         "clusters": [{"name": "clef", "cluster": {"server": cluster.server, "certificate-authority": str(ca)}}],
         "users": [{"name": name, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}],
         "contexts": [{"name": "clef", "context": {"cluster": "clef", "user": name}}],
@@ -238,8 +328,11 @@ def _ready_nodes(cluster: Cluster) -> int:
     out = cluster.kubectl("get", "nodes", "-o", "json", check=False)
     if out.returncode:
         return 0
-    return sum(1 for node in json.loads(out.stdout)["items"]
-               if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])))
+    return sum(
+        1
+        for node in json.loads(out.stdout)["items"]
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+    )
 
 
 def _http_ok(url: str, ca: Path | None = None, client: pki.Pair | None = None) -> bool:
@@ -255,8 +348,9 @@ def _http_ok(url: str, ca: Path | None = None, client: pki.Pair | None = None) -
         return False
 
 
-def wait_for(check: Callable[[], bool], what: str, process: Recorded | None = None,
-             timeout: float = START_TIMEOUT) -> None:
+def wait_for(
+    check: Callable[[], bool], what: str, process: Recorded | None = None, timeout: float = START_TIMEOUT
+) -> None:
     """Poll ``check`` until true; fail at ``timeout``, or at once when ``process`` died (naming its log)."""
     deadline = time.monotonic() + timeout
     while not check():

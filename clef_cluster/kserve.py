@@ -56,8 +56,9 @@ def prepare(cluster: Cluster) -> Path:
     ``$TMPDIR/k8s-webhook-server/serving-certs/tls.{crt,key}``.
     """
     cluster.apply(crds())
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", *[
-        crd["metadata"]["name"] for crd in crds()])
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd", *[crd["metadata"]["name"] for crd in crds()]
+    )
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, config_map()])
     tmp = cluster.folder / "kserve-tmp"
     certs = tmp / "k8s-webhook-server" / "serving-certs"

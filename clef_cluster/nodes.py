@@ -52,8 +52,12 @@ class GpuPool:
 
     def node(self, index: int, gfd: bool = True) -> dict[str, Any]:
         """The Node object of the pool's ``index``-th node; ``gfd=False``: before GFD has labelled it."""
-        return fake_node(self.node_name(index), {self.label_key: self.name, **(self.gfd_labels() if gfd else {})},
-                         self.instance_type, gpus=self.gpus)
+        return fake_node(
+            self.node_name(index),
+            {self.label_key: self.name, **(self.gfd_labels() if gfd else {})},
+            self.instance_type,
+            gpus=self.gpus,
+        )
 
 
 # The pools of every real-cluster test: two Hopper pools and an Ada pool that can run FP8 (>= 8.9), a Blackwell
@@ -82,8 +86,12 @@ def fake_node(name: str, labels: dict[str, str], instance_type: str, gpus: int =
             "name": name,
             "annotations": {KWOK_ANNOTATION: KWOK_VALUE},
             "labels": {
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                "node.kubernetes.io/instance-type": instance_type, "type": "kwok", **labels,
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": instance_type,
+                "type": "kwok",
+                **labels,
             },
         },
         "spec": {"taints": [GPU_TAINT]} if gpus else {},

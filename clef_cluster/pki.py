@@ -45,9 +45,20 @@ class Authority:
         cert = (
             _builder(name, name, key.public_key())
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .sign(key, hashes.SHA256())
         )
         (folder / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -75,13 +86,24 @@ class Authority:
         """A client certificate: the API server reads the user from CN and the groups from O."""
         return self._issue(name, user, ExtendedKeyUsageOID.CLIENT_AUTH, [], groups)
 
-    def _issue(self, name: str, common_name: str, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName],
-               groups: tuple[str, ...] = ()) -> Pair:
+    def _issue(
+        self,
+        name: str,
+        common_name: str,
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName],
+        groups: tuple[str, ...] = (),
+    ) -> Pair:
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
-                             x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        subject = x509.Name(
+            [
+                *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            ]
+        )
         builder = _builder(subject, self._name, key.public_key()).add_extension(
-            x509.ExtendedKeyUsage([usage]), critical=False)
+            x509.ExtendedKeyUsage([usage]), critical=False
+        )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         pair = Pair(self.folder / f"{name}.crt", self.folder / f"{name}.key")
@@ -94,8 +116,9 @@ def signing_key(folder: Path) -> Pair:
     """The service-account token signing key: ``cert`` holds the public key, ``key`` the private one."""
     key = ec.generate_private_key(ec.SECP256R1())
     pair = Pair(folder / "sa.pub", folder / "sa.key")
-    pair.cert.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
+    pair.cert.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     write_key(pair.key, key)
     return pair
 
@@ -103,12 +126,19 @@ def signing_key(folder: Path) -> Pair:
 def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """Write a private key readable by its owner only."""
     path.touch(mode=0o600)
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALIDITY))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+    )

@@ -38,8 +38,15 @@ def start(name: str, args: list[str], folder: Path, env: dict[str, str] | None =
     """Start ``args`` in its own session, output to ``folder/<name>.log``."""
     log = folder / f"{name}.log"
     with log.open("ab") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env=env, cwd=folder)
+        process = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=folder,
+        )
     stat = _stat(process.pid)
     return Recorded(name, process.pid, int(stat[19]) if stat else 0, str(log))
 
@@ -75,4 +82,4 @@ def _stat(pid: int) -> list[str] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return raw[raw.rindex(")") + 2:].split()
+    return raw[raw.rindex(")") + 2 :].split()

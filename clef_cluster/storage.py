@@ -15,11 +15,28 @@ def namespace_with_claims(namespace: str) -> list[dict[str, Any]]:
     for claim in CLAIMS:
         volume = f"{namespace}-{claim}"
         objects += [
-            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-             "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                      "hostPath": {"path": f"/srv/{volume}"}, "claimRef": {"namespace": namespace, "name": claim}}},
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
-             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
-                      "resources": {"requests": {"storage": "100Gi"}}}},
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": f"/srv/{volume}"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+            },
         ]
     return objects

@@ -48,9 +48,7 @@ def build_response(
 ) -> dict[str, Any]:
     """The ``/v1/systemone`` response body from one record's flat option logits."""
     if option_logits.shape != (layout.option_count,):
-        raise ValueError(
-            f"expected {layout.option_count} option logits, got shape {tuple(option_logits.shape)}"
-        )
+        raise ValueError(f"expected {layout.option_count} option logits, got shape {tuple(option_logits.shape)}")
     per_question = torch.split(option_logits.float(), [len(q.option_ids) for q in layout.questions])
     answers = {}
     for question_layout, logits in zip(layout.questions, per_question, strict=True):

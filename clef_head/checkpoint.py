@@ -90,8 +90,7 @@ def load_head(
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             raise CheckpointError(
-                f"{files.weights}: {key} has shape {tuple(tensor.shape)}, "
-                f"config expects {tuple(expected[key].shape)}"
+                f"{files.weights}: {key} has shape {tuple(tensor.shape)}, config expects {tuple(expected[key].shape)}"
             )
     head.load_state_dict(state, strict=True)
     return head.to(device=device, dtype=dtype).eval()

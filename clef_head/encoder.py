@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from clef_head.layout import QUESTION_TYPE_IDS, QuestionLayout, RecordLayout
 from clef_head.request import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest
@@ -55,9 +56,7 @@ class SchemaTooLong(ValueError):
     """The questions alone need more tokens than the prompt may hold."""
 
     def __init__(self, required: int, maximum: int) -> None:
-        super().__init__(
-            f"the schema needs {required} tokens before any state; the maximum prompt length is {maximum}"
-        )
+        super().__init__(f"the schema needs {required} tokens before any state; the maximum prompt length is {maximum}")
         self.required = required
         self.maximum = maximum
 
@@ -242,7 +241,9 @@ def encode_request(
         return _encode(tokenizer, request, max_length, overflow)
 
 
-def _encode(tokenizer: Tokenizer, request: SystemOneRequest, max_length: int, overflow: StateOverflow) -> EncodedRequest:
+def _encode(
+    tokenizer: Tokenizer, request: SystemOneRequest, max_length: int, overflow: StateOverflow
+) -> EncodedRequest:
     schema = _ids(tokenizer, "\n\nSCHEMA FIELDS:\n")
     relative: list[QuestionLayout] = []
     for number, (question_id, question) in enumerate(request.questions.items(), start=1):

@@ -222,7 +222,11 @@ class GraphedHead:
         return self.head(hidden_states, input_ids, layouts, lm_head_weight)
 
     def one_record(
-        self, hidden: torch.Tensor, token_ids: torch.Tensor, layout: RecordLayout, lm_head_weight: torch.Tensor,
+        self,
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        layout: RecordLayout,
+        lm_head_weight: torch.Tensor,
         bucket: Bucket,
     ) -> torch.Tensor:
         """Logits [options] of one record through its bucket's static pass (a graph replay on CUDA)."""

@@ -401,9 +401,7 @@ class JointSchemaHead(nn.Module):
         options = self.option_norm(routed)
         option_fields = fields[option_question]
         cosine = F.cosine_similarity(option_fields, options, dim=-1)
-        features = torch.cat(
-            [option_fields, options, option_fields * options, (option_fields - options).abs()], dim=-1
-        )
+        features = torch.cat([option_fields, options, option_fields * options, (option_fields - options).abs()], dim=-1)
         residual = self.residual_scorer(features).squeeze(-1)
         joint = self.joint_logit_scale.clamp(max=MAX_LOG_SCALE).exp() * cosine + residual
         logits = prior + torch.sigmoid(self.residual_gate) * joint

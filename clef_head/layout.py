@@ -86,8 +86,7 @@ class RecordLayout:
                     type_id=type_id,
                     question_span=_span(item.get("span"), f"{where}.span", prompt_length),
                     option_spans=tuple(
-                        _span(span, f"{where}.option_spans[{i}]", prompt_length)
-                        for i, span in enumerate(spans)
+                        _span(span, f"{where}.option_spans[{i}]", prompt_length) for i, span in enumerate(spans)
                     ),
                     option_ids=tuple(option_ids),
                 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -143,9 +143,7 @@ class ScoreQuestion(_Strict):
         return value
 
 
-Question = Annotated[
-    Union[NoulQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type")
-]
+Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
 class SystemOneRequest(_Strict):
@@ -164,9 +162,7 @@ class SystemOneRequest(_Strict):
     def _question_count(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         limits = _limits(info)
         if not 1 <= len(value) <= limits.max_questions:
-            raise ValueError(
-                f"between 1 and {limits.max_questions} questions are required, got {len(value)}"
-            )
+            raise ValueError(f"between 1 and {limits.max_questions} questions are required, got {len(value)}")
         for question_id in value:
             if len(question_id) > limits.max_id_chars:
                 raise ValueError(f"question ids must have at most {limits.max_id_chars} characters")
@@ -246,8 +242,10 @@ def _locate_json_error(body: Any, max_depth: int) -> None:
     raise AssertionError("a JSON error was found and then not located")
 
 
-_QUESTION_FIELDS = {name: set(model.model_fields) for name, model in (
-    ("noul", NoulQuestion), ("choice", ChoiceQuestion), ("score", ScoreQuestion))}
+_QUESTION_FIELDS = {
+    name: set(model.model_fields)
+    for name, model in (("noul", NoulQuestion), ("choice", ChoiceQuestion), ("score", ScoreQuestion))
+}
 
 
 def unknown_fields(body: dict[str, Any]) -> list[str]:
@@ -257,7 +255,9 @@ def unknown_fields(body: dict[str, Any]) -> list[str]:
     for question_id, question in questions.items() if isinstance(questions, dict) else ():
         if not isinstance(question, dict) or question.get("type") not in _QUESTION_FIELDS:
             continue
-        unknown += [f"questions.{question_id}.{key}" for key in question if key not in _QUESTION_FIELDS[question["type"]]]
+        unknown += [
+            f"questions.{question_id}.{key}" for key in question if key not in _QUESTION_FIELDS[question["type"]]
+        ]
         criteria = question.get("criteria")
         if question["type"] == "noul" and isinstance(criteria, dict):
             unknown += [f"questions.{question_id}.criteria.{key}" for key in criteria if key not in ("true", "false")]

@@ -40,9 +40,7 @@ def check_vllm_version() -> None:
     """Warn once when the installed vLLM is outside :data:`SUPPORTED_VLLM`."""
     installed = Version(vllm.__version__)
     if Version(installed.base_version) not in SUPPORTED_VLLM:
-        logger.warning(
-            "clef_plugin is tested with vLLM %s; vLLM %s is installed", SUPPORTED_VLLM, vllm.__version__
-        )
+        logger.warning("clef_plugin is tested with vLLM %s; vLLM %s is installed", SUPPORTED_VLLM, vllm.__version__)
 
 
 def finished_mask(pooling_metadata: PoolingMetadata) -> list[bool]:

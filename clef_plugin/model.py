@@ -89,9 +89,7 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         """
         head_names = head_weight_names(self.release_dir)
         backbone = (
-            (name, tensor)
-            for name, tensor in weights
-            if not name.startswith(HEAD_PREFIX) and name not in head_names
+            (name, tensor) for name, tensor in weights if not name.startswith(HEAD_PREFIX) and name not in head_names
         )
         loaded = super().load_weights(backbone)
         lm_head = self.language_model.lm_head.weight

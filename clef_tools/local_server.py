@@ -45,7 +45,11 @@ def listening(port: int) -> bool:
 
 
 def wait_until_ready(
-    process: subprocess.Popen[Any], ready: Callable[[], bool], timeout: float, *, interval: float = 0.2,
+    process: subprocess.Popen[Any],
+    ready: Callable[[], bool],
+    timeout: float,
+    *,
+    interval: float = 0.2,
     what: str = "the server",
 ) -> float:
     """Call ``ready`` every ``interval`` seconds until it returns True; the seconds that took.
@@ -76,8 +80,13 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 60.0) -> int:
 
 
 def start_and_wait(
-    command: list[str], ready: Callable[[], bool], timeout: float, *, interval: float = 0.2,
-    what: str = "the server", **popen: Any,
+    command: list[str],
+    ready: Callable[[], bool],
+    timeout: float,
+    *,
+    interval: float = 0.2,
+    what: str = "the server",
+    **popen: Any,
 ) -> subprocess.Popen[Any]:
     """Start ``command`` (``popen``: :class:`subprocess.Popen`'s keyword arguments) and return it once ``ready``.
 

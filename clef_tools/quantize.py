@@ -189,9 +189,7 @@ def _quantize_weight(
                 f"input width {weight.shape[1]} is not a multiple of the group size {args.group_size}"
             )
         grouped = weight.unflatten(1, (-1, args.group_size))
-        scale, zero_point = calculate_qparams(
-            grouped.amin(dim=2), grouped.amax(dim=2), args, global_scale=global_scale
-        )
+        scale, zero_point = calculate_qparams(grouped.amin(dim=2), grouped.amax(dim=2), args, global_scale=global_scale)
         state = {"weight": weight, "weight_scale": scale, "weight_zero_point": zero_point}
         state["weight_global_scale"] = global_scale
     else:
@@ -385,9 +383,7 @@ def quantize_release(
         (dst / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
     for item in sorted(src.iterdir()):
-        if item.is_file() and item.suffix != ".safetensors" and item.name not in _REWRITTEN | {
-            head.config.name
-        }:
+        if item.is_file() and item.suffix != ".safetensors" and item.name not in _REWRITTEN | {head.config.name}:
             shutil.copy2(item, dst / item.name)
     shutil.copy2(src / "config.json", dst / "config.json")
     ModelCompressor(quantization_config=config).update_config(str(dst))

@@ -51,9 +51,7 @@ def build_qwen_tokenizer() -> Any:
     first = tokenizer.get_vocab_size()
     if [index for _, index in specials] != list(range(first, first + len(specials))):
         raise ValueError(f"special token ids do not follow the {first} BPE ranks without gaps")
-    tokenizer.add_tokens(
-        [AddedToken(token, special=token.startswith("<|"), normalized=False) for token, _ in specials]
-    )
+    tokenizer.add_tokens([AddedToken(token, special=token.startswith("<|"), normalized=False) for token, _ in specials])
     for token, index in specials:
         if tokenizer.token_to_id(token) != index:
             raise ValueError(f"{token} became id {tokenizer.token_to_id(token)}, expected {index}")

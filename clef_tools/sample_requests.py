@@ -12,7 +12,7 @@ from typing import Any
 
 WORDS = (
     "refund charge twice account billing urgent calm angry plan invoice help please late order "
-    "ünïcödé 日本語 текст émoji 🚀 naïve café ✓ tab\there quote\"s back\\slash"
+    'ünïcödé 日本語 текст émoji 🚀 naïve café ✓ tab\there quote"s back\\slash'
 ).split(" ")
 
 

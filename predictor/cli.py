@@ -12,8 +12,8 @@ import copy
 import datetime
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
@@ -62,7 +62,9 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
     its dashed spelling as well, unless the parser has it already (vLLM's ``--log-config-file``, same
     meaning and destination). KServe's own parser is left as it is.
     """
-    group = parser.add_argument_group("KServe", "KServe's model-server flags, either spelling (--http_port, --http-port)")
+    group = parser.add_argument_group(
+        "KServe", "KServe's model-server flags, either spelling (--http_port, --http-port)"
+    )
     for action in kserve_parser_actions():
         spellings = [*action.option_strings, *(option.replace("_", "-") for option in action.option_strings)]
         spellings = [option for option in spellings if option not in declared_options(parser)]
@@ -94,33 +96,45 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     group = parser.add_argument_group(
         "Predictor", "the predictor's own flags, the API's included (python -m predictor --help=predictor)"
     )
-    group.add_argument("--model-dir", type=Path, default=None, help="release folder; without it, the random demo release")
+    group.add_argument(
+        "--model-dir", type=Path, default=None, help="release folder; without it, the random demo release"
+    )
     group.add_argument(
         "--engine", choices=ENGINE_CHOICES, default="auto", help="auto: vLLM on GPUs when installed, else transformers"
     )
     group.add_argument("--max-batch", type=int, default=32, help="transformers engine: records per forward pass")
     group.add_argument("--batch-wait-ms", type=float, default=5.0, help="transformers engine: wait to fill a batch")
     group.add_argument(
-        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
         help="larger request bodies, on the wire or decompressed, get 413",
     )
     group.add_argument("--warmup-rounds", type=int, default=1, help="times to run the warm-up shapes before ready")
     group.add_argument(
-        "--max-queued-requests", type=int, default=None,
+        "--max-queued-requests",
+        type=int,
+        default=None,
         help="records admitted at once; more get 503 + Retry-After (default: 4 x what the engine runs at once)",
     )
     group.add_argument(
-        "--max-queue-wait-s", type=float, default=DEFAULT_MAX_QUEUE_WAIT_S,
+        "--max-queue-wait-s",
+        type=float,
+        default=DEFAULT_MAX_QUEUE_WAIT_S,
         help="a request is refused with 503 + Retry-After when the records already admitted would take longer "
         "than this to answer at the measured service rate (records answered per busy second)",
     )
     group.add_argument(
-        "--answer-cache-bytes", type=int, default=DEFAULT_ANSWER_CACHE_BYTES,
+        "--answer-cache-bytes",
+        type=int,
+        default=DEFAULT_ANSWER_CACHE_BYTES,
         help="bytes of answers kept for identical requests: option logits by prompt, responses by body (0: no cache; "
         "identical requests in flight are merged)",
     )
     group.add_argument(
-        "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
+        "--exit-on-engine-death",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help=f"exit with code {ENGINE_DEAD_EXIT_CODE} when the engine dies (else serve 503 and fail liveness)",
     )
     group.add_argument("--json-logs", action="store_true", help="one JSON line per inference request on stdout")
@@ -189,7 +203,7 @@ def model_card(args: argparse.Namespace, model_dir: Path, random: bool) -> Model
     if release_date is None:
         config = model_dir / "config.json"
         stamp = config.stat().st_mtime if config.exists() else model_dir.stat().st_mtime
-        release_date = datetime.datetime.fromtimestamp(stamp, tz=datetime.timezone.utc).date().isoformat()
+        release_date = datetime.datetime.fromtimestamp(stamp, tz=datetime.UTC).date().isoformat()
     return ModelCard(name=args.model_name, description=description, release_date=release_date)
 
 

@@ -15,7 +15,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from kserve import InferOutput, InferRequest, InferResponse, Model
@@ -215,9 +216,7 @@ class ClefModel(Model):
         texts = [_v2_item_text(item, f"inputs[0].data[{index}]") for index, item in enumerate(items)]
         check_texts_json_counts(texts, "inputs[0].data")
         bodies = [_decode_v2_item(text, f"inputs[0].data[{index}]") for index, text in enumerate(texts)]
-        responses = await self.service.answer_many(
-            bodies, [f"inputs[0].data[{index}]" for index in range(len(bodies))]
-        )
+        responses = await self.service.answer_many(bodies, [f"inputs[0].data[{index}]" for index in range(len(bodies))])
         output = InferOutput(
             name=V2_OUTPUT,
             shape=[len(responses)],

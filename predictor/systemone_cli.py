@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", type=Path, required=True, help="release folder")
     parser.add_argument("--served-model-name", default=CARD_MODEL_NAME, help="served model name")
     parser.add_argument(  # SUPPRESS: absent unless given, so the predictor's own default applies
-        "--host", default=argparse.SUPPRESS,
+        "--host",
+        default=argparse.SUPPRESS,
         help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every interface)",
     )
     parser.add_argument("--port", type=int, default=CARD_PORT, help="HTTP port")

@@ -41,7 +41,11 @@ Body = tuple[str, str, bytes]  # path, Content-Encoding, bytes on the wire
 
 
 def _request(state: Any, model: str) -> dict[str, Any]:
-    return {"model": model, "state": state, "questions": {"q": {"type": "noul"}, "c": {"type": "choice", "criteria": {"a": None, "b": None}}}}
+    return {
+        "model": model,
+        "state": state,
+        "questions": {"q": {"type": "noul"}, "c": {"type": "choice", "criteria": {"a": None, "b": None}}},
+    }
 
 
 def _raw(value: Any) -> bytes:
@@ -67,23 +71,61 @@ def family(model: str) -> dict[str, Body]:
     one = valid_request(1, model)
     heavy = _request(["ab"] * 3000 + [{"k": list(range(20))}] * 20, model)  # 3,451 values a request: 64 fit the limit
     bodies: dict[str, Body] = {
-        "gzip_million_short_strings": ("/v1/systemone", "gzip", gzip.compress(_raw(_request(["ab"] * 1_000_000, model)), 9)),
-        "zstd_million_short_strings": ("/v1/systemone", "zstd", zstd_compress(_raw(_request(["ab"] * 1_000_000, model)), 19)),
+        "gzip_million_short_strings": (
+            "/v1/systemone",
+            "gzip",
+            gzip.compress(_raw(_request(["ab"] * 1_000_000, model)), 9),
+        ),
+        "zstd_million_short_strings": (
+            "/v1/systemone",
+            "zstd",
+            zstd_compress(_raw(_request(["ab"] * 1_000_000, model)), 19),
+        ),
         "zstd_many_keys": ("/v1/systemone", "zstd", _many_keys(model)),
         "gzip_empty_lists_660k": ("/v1/systemone", "gzip", gzip.compress(_raw(_request([[]] * 660_000, model)), 9)),
-        "zstd_values_just_under_limit": ("/v1/systemone", "zstd", zstd_compress(_raw(_request([0] * 262_000, model)), 19)),
-        "zstd_values_just_over_limit": ("/v1/systemone", "zstd", zstd_compress(_raw(_request([0] * 263_000, model)), 19)),
-        "zstd_digits_8mib": ("/v1/systemone", "zstd", zstd_compress(_raw(_request("9" * ((8 << 20) - 512), model)), 19)),
-        "gzip_zstd_emoji_7mib": ("/v1/systemone", "gzip, zstd", zstd_compress(gzip.compress(_raw(_request("🙂 é 日本" * 600_000, model))))),
-        "gzip_deep_127": ("/v1/systemone", "gzip", gzip.compress(_raw(_request([json.loads("[" * 126 + "]" * 126)] * 5000, model)), 9)),
-        "gzip_deep_129": ("/v1/systemone", "gzip", gzip.compress(_raw(_request(json.loads("[" * 129 + "]" * 129), model)), 9)),
+        "zstd_values_just_under_limit": (
+            "/v1/systemone",
+            "zstd",
+            zstd_compress(_raw(_request([0] * 262_000, model)), 19),
+        ),
+        "zstd_values_just_over_limit": (
+            "/v1/systemone",
+            "zstd",
+            zstd_compress(_raw(_request([0] * 263_000, model)), 19),
+        ),
+        "zstd_digits_8mib": (
+            "/v1/systemone",
+            "zstd",
+            zstd_compress(_raw(_request("9" * ((8 << 20) - 512), model)), 19),
+        ),
+        "gzip_zstd_emoji_7mib": (
+            "/v1/systemone",
+            "gzip, zstd",
+            zstd_compress(gzip.compress(_raw(_request("🙂 é 日本" * 600_000, model)))),
+        ),
+        "gzip_deep_127": (
+            "/v1/systemone",
+            "gzip",
+            gzip.compress(_raw(_request([json.loads("[" * 126 + "]" * 126)] * 5000, model)), 9),
+        ),
+        "gzip_deep_129": (
+            "/v1/systemone",
+            "gzip",
+            gzip.compress(_raw(_request(json.loads("[" * 129 + "]" * 129), model)), 9),
+        ),
         "gzip_batch_64_heavy": ("/v1/systemone/batch", "gzip", gzip.compress(_raw([heavy] * 64), 9)),
         "gzip_batch_65": ("/v1/systemone/batch", "gzip", gzip.compress(_raw([one] * 65), 9)),
-        "gzip_v1_64_heavy": (f"/v1/models/{model}:predict", "gzip", gzip.compress(_raw({"instances": [heavy] * 64}), 9)),
+        "gzip_v1_64_heavy": (
+            f"/v1/models/{model}:predict",
+            "gzip",
+            gzip.compress(_raw({"instances": [heavy] * 64}), 9),
+        ),
         "gzip_v1_512": (f"/v1/models/{model}:predict", "gzip", gzip.compress(_raw({"instances": [one] * 512}), 9)),
         "gzip_v2_65": (f"/v2/models/{model}/infer", "gzip", gzip.compress(_raw(_v2([json.dumps(one)] * 65)), 9)),
         "gzip_v2_million_values": (
-            f"/v2/models/{model}/infer", "gzip", gzip.compress(_raw(_v2([json.dumps(_request([1] * 1_000_000, model))])), 9)
+            f"/v2/models/{model}/infer",
+            "gzip",
+            gzip.compress(_raw(_v2([json.dumps(_request([1] * 1_000_000, model))])), 9),
         ),
     }
     for name, (_, _, body) in bodies.items():
@@ -101,7 +143,9 @@ def cpu_seconds(pid: int) -> float:
 async def _send(http: httpx.AsyncClient, body: Body) -> tuple[int, float, str]:
     path, encoding, content = body
     begun = time.perf_counter()
-    response = await http.post(path, content=content, headers={"content-type": "application/json", "content-encoding": encoding})
+    response = await http.post(
+        path, content=content, headers={"content-type": "application/json", "content-encoding": encoding}
+    )
     message = response.json().get("error", {}).get("message", "") if response.status_code != 200 else ""
     return response.status_code, time.perf_counter() - begun, message[:110]
 
@@ -218,11 +262,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=4, help="valid requests in flight beside the family")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each valid-traffic phase")
     parser.add_argument("--bound-s", type=float, default=0.5, help="the most a refused body may take")
-    parser.add_argument("--model-slack", type=float, default=2.0, help="tolerance on what the model costs an accepted body")
-    parser.add_argument("--hostile-rate", type=float, default=2.0, help="refused bodies per second beside the valid traffic")
+    parser.add_argument(
+        "--model-slack", type=float, default=2.0, help="tolerance on what the model costs an accepted body"
+    )
+    parser.add_argument(
+        "--hostile-rate", type=float, default=2.0, help="refused bodies per second beside the valid traffic"
+    )
     args = parser.parse_args(argv)
     result = asyncio.run(
-        run(args.url, args.pid, args.model, args.clients, args.seconds, args.bound_s, args.model_slack, args.hostile_rate)
+        run(
+            args.url,
+            args.pid,
+            args.model,
+            args.clients,
+            args.seconds,
+            args.bound_s,
+            args.model_slack,
+            args.hostile_rate,
+        )
     )
     print(json.dumps(result, indent=2))
     slow = result["slow"]

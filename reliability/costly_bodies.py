@@ -44,7 +44,11 @@ def lists_body(model: str, count: int = 660_000) -> bytes:
 async def measure(url: str, pid: int | None, model: str, repeats: int) -> dict[str, Any]:
     """Send each costly body ``repeats`` times; return latencies, peak RSS growth and the worst /health."""
     url = loopback_url(url)
-    bodies = {"digits": (digits_body(model), "zstd"), "lists": (lists_body(model), "gzip"), "lists_99k": (lists_body(model, 99_000), "gzip")}
+    bodies = {
+        "digits": (digits_body(model), "zstd"),
+        "lists": (lists_body(model), "gzip"),
+        "lists_99k": (lists_body(model, 99_000), "gzip"),
+    }
     result: dict[str, Any] = {f"{name}_body_bytes": len(body) for name, (body, _) in bodies.items()}
     async with httpx.AsyncClient(base_url=url, timeout=300) as http:
         for name, (body, encoding) in bodies.items():
@@ -70,7 +74,9 @@ async def measure(url: str, pid: int | None, model: str, repeats: int) -> dict[s
                 tasks = [asyncio.create_task(sample()), asyncio.create_task(probe())]
                 begun = time.perf_counter()
                 response = await http.post(
-                    "/v1/systemone", content=body, headers={"content-type": "application/json", "content-encoding": encoding}
+                    "/v1/systemone",
+                    content=body,
+                    headers={"content-type": "application/json", "content-encoding": encoding},
                 )
                 latencies.append(time.perf_counter() - begun)
                 done.set()
@@ -101,8 +107,14 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
     from predictor.serving.prepare import decode_json_body
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encode_request(tokenizer, parse_request(json.loads(b'{"model": "m", "state": "warm", "questions": {"q": {"type": "noul"}}}')))
-    bodies = {"digits": (digits_body(model), "zstd"), "lists": (lists_body(model), "gzip"), "lists_99k": (lists_body(model, 99_000), "gzip")}
+    encode_request(
+        tokenizer, parse_request(json.loads(b'{"model": "m", "state": "warm", "questions": {"q": {"type": "noul"}}}'))
+    )
+    bodies = {
+        "digits": (digits_body(model), "zstd"),
+        "lists": (lists_body(model), "gzip"),
+        "lists_99k": (lists_body(model, 99_000), "gzip"),
+    }
     result: dict[str, Any] = {}
     for name, (body, encoding) in bodies.items():
         baseline = rss_bytes(os.getpid(), with_children=False)
@@ -122,7 +134,9 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
         try:
             raw = decode_body(body, encoding, 8 << 20)
             check_json_counts(raw)
-            encoded = encode_request(tokenizer, parse_request(decode_json_body(raw, "application/json")), max_length=max_length)
+            encoded = encode_request(
+                tokenizer, parse_request(decode_json_body(raw, "application/json")), max_length=max_length
+            )
             outcome += f" ({len(encoded.input_ids)} tokens, state truncated: {encoded.state_truncated})"
         except (ApiError, TooLarge) as error:
             outcome = f"{type(error).__name__}: {str(error)[:120]}"
@@ -140,8 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pid", type=int, default=None, help="the predictor's process id, for peak RSS")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=MODEL_NAME)
-    parser.add_argument("--direct", metavar="MODEL_DIR", default=None, help="measure in this process with this release's tokenizer")
-    parser.add_argument("--max-model-len", type=int, default=16384, help="with --direct: the prompt length to encode for")
+    parser.add_argument(
+        "--direct", metavar="MODEL_DIR", default=None, help="measure in this process with this release's tokenizer"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=16384, help="with --direct: the prompt length to encode for"
+    )
     args = parser.parse_args(argv)
     if args.direct:
         print(json.dumps(measure_direct(args.direct, args.model, args.max_model_len), indent=2))

@@ -123,7 +123,11 @@ def _bomb(kind: str) -> bytes:
         return gzip.compress(b" " * (64 << 20))
     if kind == "zstd-brackets":
         return zstd_compress(b"[" * (16 << 20))
-    return zstd_compress(json.dumps({"model": MODEL_NAME, "state": "9" * ((8 << 20) - 512), "questions": {"q": {"type": "noul"}}}).encode())
+    return zstd_compress(
+        json.dumps(
+            {"model": MODEL_NAME, "state": "9" * ((8 << 20) - 512), "questions": {"q": {"type": "noul"}}}
+        ).encode()
+    )
 
 
 def _compressed(rng: random.Random, raw: bytes) -> tuple[bytes, str]:
@@ -149,7 +153,11 @@ def _compressed(rng: random.Random, raw: bytes) -> tuple[bytes, str]:
 def _v2_binary(rng: random.Random, model: str) -> Case:
     item = json.dumps(valid_request(rng.randrange(100), model)).encode()
     element = len(item).to_bytes(4, "little") + item
-    tensor: dict[str, Any] = {"name": "request", "datatype": rng.choice(["BYTES", "BYTES", "FP32", "NOPE"]), "shape": [1]}
+    tensor: dict[str, Any] = {
+        "name": "request",
+        "datatype": rng.choice(["BYTES", "BYTES", "FP32", "NOPE"]),
+        "shape": [1],
+    }
     tensor["parameters"] = {"binary_data_size": rng.choice([len(element), 0, -1, len(element) + 7, "x"])}
     if rng.random() < 0.2:
         del tensor["shape"]
@@ -165,59 +173,134 @@ def _v2_binary(rng: random.Random, model: str) -> Case:
 
 ROUTES = ["/v1/systemone", "/jev/v1/systemone", "/v1/systemone/batch", "/jev/v1/systemone/batch"]
 OTHER_PATHS = [
-    ("GET", "/health"), ("GET", "/health/live"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/v1/models"),
-    ("GET", "/jev/v1/models"), ("GET", "/v2"), ("GET", "/v2/models"), ("GET", "/v2/health/ready"),
-    ("POST", "/v2/repository/models/{m}/unload"), ("POST", "/v2/repository/models/{m}/load"),
-    ("POST", "/v2/repository/index"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc"),
-    ("POST", "/v2/models/{m}/versions/1/infer"), ("GET", "/v2/models/{m}/versions/1"), ("POST", "/v1/models/{m}:explain"),
-    ("GET", "/v1/models/{m}"), ("GET", "/v2/models/{m}"), ("GET", "/v2/models/{m}/ready"), ("PUT", "/v1/systemone"),
-    ("DELETE", "/v1/systemone"), ("PATCH", "/v2/models/{m}/infer"), ("GET", "/v1/systemone"), ("OPTIONS", "/v1/systemone"),
-    ("GET", "/v1/models/" + "n" * 5000), ("POST", "/v2/models/" + "%00" * 10 + "/infer"), ("GET", "/../../etc/passwd"),
+    ("GET", "/health"),
+    ("GET", "/health/live"),
+    ("GET", "/metrics"),
+    ("GET", "/"),
+    ("GET", "/v1/models"),
+    ("GET", "/jev/v1/models"),
+    ("GET", "/v2"),
+    ("GET", "/v2/models"),
+    ("GET", "/v2/health/ready"),
+    ("POST", "/v2/repository/models/{m}/unload"),
+    ("POST", "/v2/repository/models/{m}/load"),
+    ("POST", "/v2/repository/index"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/redoc"),
+    ("POST", "/v2/models/{m}/versions/1/infer"),
+    ("GET", "/v2/models/{m}/versions/1"),
+    ("POST", "/v1/models/{m}:explain"),
+    ("GET", "/v1/models/{m}"),
+    ("GET", "/v2/models/{m}"),
+    ("GET", "/v2/models/{m}/ready"),
+    ("PUT", "/v1/systemone"),
+    ("DELETE", "/v1/systemone"),
+    ("PATCH", "/v2/models/{m}/infer"),
+    ("GET", "/v1/systemone"),
+    ("OPTIONS", "/v1/systemone"),
+    ("GET", "/v1/models/" + "n" * 5000),
+    ("POST", "/v2/models/" + "%00" * 10 + "/infer"),
+    ("GET", "/../../etc/passwd"),
 ]
 
 
 def make_case(rng: random.Random, model: str) -> Case:
     """One random case."""
     kind = rng.choices(
-        ["mutated", "batch", "v1", "v2-json", "v2-binary", "compressed", "bytes", "paths", "headers", "slow", "garbage"],
+        [
+            "mutated",
+            "batch",
+            "v1",
+            "v2-json",
+            "v2-binary",
+            "compressed",
+            "bytes",
+            "paths",
+            "headers",
+            "slow",
+            "garbage",
+        ],
         weights=[22, 8, 8, 8, 6, 10, 6, 10, 8, 6, 8],
     )[0]
     valid = valid_request(rng.randrange(1000), model)
     if kind == "mutated":
-        return Case(kind, path=rng.choice(ROUTES[:2]), headers={"content-type": "application/json"},
-                    body=json.dumps(_mutate(rng, valid)).encode())
+        return Case(
+            kind,
+            path=rng.choice(ROUTES[:2]),
+            headers={"content-type": "application/json"},
+            body=json.dumps(_mutate(rng, valid)).encode(),
+        )
     if kind == "batch":
         items = [rng.choice([valid, _mutate(rng, valid), _random_json(rng)]) for _ in range(rng.choice([0, 1, 3, 70]))]
         body = rng.choice([items, {"requests": items}, _random_json(rng)])
-        return Case(kind, path=rng.choice(ROUTES[2:]), headers={"content-type": "application/json"}, body=json.dumps(body).encode())
+        return Case(
+            kind,
+            path=rng.choice(ROUTES[2:]),
+            headers={"content-type": "application/json"},
+            body=json.dumps(body).encode(),
+        )
     if kind == "v1":
-        body = rng.choice([{"instances": [valid, _mutate(rng, valid)]}, {"instances": _random_json(rng)}, _mutate(rng, {"instances": [valid]}), _random_json(rng)])
+        body = rng.choice(
+            [
+                {"instances": [valid, _mutate(rng, valid)]},
+                {"instances": _random_json(rng)},
+                _mutate(rng, {"instances": [valid]}),
+                _random_json(rng),
+            ]
+        )
         headers = {"content-type": "application/json"}
         if rng.random() < 0.3:
-            headers.update({"ce-specversion": "1.0", "ce-source": "fuzz", "ce-type": "t", "ce-id": str(rng.randrange(9))})
+            headers.update(
+                {"ce-specversion": "1.0", "ce-source": "fuzz", "ce-type": "t", "ce-id": str(rng.randrange(9))}
+            )
             headers["content-type"] = rng.choice(["application/json", "application/cloudevents+json", "text/plain"])
             if rng.random() < 0.5:
-                return Case("v1-cloudevent", path=f"/v1/models/{model}:predict", headers=headers, body=rng.choice([b"{", b"", b"[]", b"\xff"]))
+                return Case(
+                    "v1-cloudevent",
+                    path=f"/v1/models/{model}:predict",
+                    headers=headers,
+                    body=rng.choice([b"{", b"", b"[]", b"\xff"]),
+                )
         return Case(kind, path=f"/v1/models/{model}:predict", headers=headers, body=json.dumps(body).encode())
     if kind == "v2-json":
         tensor = {"name": "request", "datatype": "BYTES", "shape": [1], "data": [json.dumps(_mutate(rng, valid))]}
-        body = _mutate(rng, {"inputs": [tensor]}) if rng.random() < 0.7 else rng.choice([[], {"inputs": "x"}, _random_json(rng)])
-        return Case(kind, path=f"/v2/models/{model}/infer", headers={"content-type": "application/json"}, body=json.dumps(body).encode())
+        body = (
+            _mutate(rng, {"inputs": [tensor]})
+            if rng.random() < 0.7
+            else rng.choice([[], {"inputs": "x"}, _random_json(rng)])
+        )
+        return Case(
+            kind,
+            path=f"/v2/models/{model}/infer",
+            headers={"content-type": "application/json"},
+            body=json.dumps(body).encode(),
+        )
     if kind == "v2-binary":
         return _v2_binary(rng, model)
     if kind == "compressed":
         data, encoding = _compressed(rng, json.dumps(rng.choice([valid, _mutate(rng, valid)])).encode())
-        return Case(kind, path=rng.choice(ROUTES[:2] + [f"/v1/models/{model}:predict"]),
-                    headers={"content-type": "application/json", "content-encoding": encoding}, body=data)
+        return Case(
+            kind,
+            path=rng.choice(ROUTES[:2] + [f"/v1/models/{model}:predict"]),
+            headers={"content-type": "application/json", "content-encoding": encoding},
+            body=data,
+        )
     if kind == "bytes":
         data = rng.randbytes(rng.choice([0, 1, 100, 5000]))
-        content_type = rng.choice(["application/json", "multipart/form-data; boundary=x", "text/plain", "application/octet-stream", ""])
+        content_type = rng.choice(
+            ["application/json", "multipart/form-data; boundary=x", "text/plain", "application/octet-stream", ""]
+        )
         path = rng.choice(ROUTES + [f"/v1/models/{model}:predict", f"/v2/models/{model}/infer"])
         return Case(kind, path=path, headers={"content-type": content_type} if content_type else {}, body=data)
     if kind == "paths":
         method, path = rng.choice(OTHER_PATHS)
-        return Case(kind, method=method, path=path.replace("{m}", rng.choice([model, "nope", "x" * 300])),
-                    body=json.dumps(valid).encode() if method in ("POST", "PUT", "PATCH") else None)
+        return Case(
+            kind,
+            method=method,
+            path=path.replace("{m}", rng.choice([model, "nope", "x" * 300])),
+            body=json.dumps(valid).encode() if method in ("POST", "PUT", "PATCH") else None,
+        )
     if kind == "headers":
         return _header_abuse(rng, model)
     if kind == "slow":
@@ -227,12 +310,17 @@ def make_case(rng: random.Random, model: str) -> Case:
         if rng.random() < 0.5:  # slow but complete
             return Case("slow-body", raw=head + body[:cut], stall=rng.uniform(0.1, 1.5), rest=body[cut:])
         return Case("abandoned-body", raw=head + body[:cut], stall=rng.uniform(0.1, 1.0), rest=None)
-    garbage = rng.choice([
-        b"GARBAGE\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x00\xa5\x01\x00\x00", rng.randbytes(200),
-        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n12345",
-        b"GET /health HTTP/1.1\r\nHost: x\r\n",  # headers never finished
-    ])
+    garbage = rng.choice(
+        [
+            b"GARBAGE\r\n\r\n",
+            b"GET / HTTP/9.9\r\n\r\n",
+            b"\x16\x03\x01\x00\xa5\x01\x00\x00",
+            rng.randbytes(200),
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n12345",
+            b"GET /health HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+        ]
+    )
     return Case("garbage", raw=garbage, stall=rng.uniform(0.0, 0.5))
 
 
@@ -244,15 +332,28 @@ def _header_abuse(rng: random.Random, model: str) -> Case:
         headers = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 100) for i in range(rng.choice([50, 2000])))
         return Case("many-headers", raw=start + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     if pick == 1:
-        return Case("huge-header", raw=start + b"X-Big: " + b"b" * rng.choice([8000, 200_000]) + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        return Case(
+            "huge-header",
+            raw=start
+            + b"X-Big: "
+            + b"b" * rng.choice([8000, 200_000])
+            + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body,
+        )
     if pick == 2:
         length = rng.choice([b"abc", b"-5", b"99999999999999999999", b"1e3", b""])
         return Case("bad-content-length", raw=start + b"Content-Length: " + length + b"\r\n\r\n" + body)
     if pick == 3:
         return Case("short-content-length", raw=start + b"Content-Length: 10\r\n\r\n" + body)
-    return Case("auth-and-ids", headers={"authorization": rng.choice(["Bearer", "Bearer " + "k" * 5000, "Basic x", ""]),
-                                          "x-request-id": rng.choice(["a" * 10_000, "\x01", "ok-1"]), "content-type": "application/json"},
-                body=body)
+    return Case(
+        "auth-and-ids",
+        headers={
+            "authorization": rng.choice(["Bearer", "Bearer " + "k" * 5000, "Basic x", ""]),
+            "x-request-id": rng.choice(["a" * 10_000, "\x01", "ok-1"]),
+            "content-type": "application/json",
+        },
+        body=body,
+    )
 
 
 async def send_raw(host: str, port: int, case: Case, timeout: float) -> str:
@@ -260,7 +361,7 @@ async def send_raw(host: str, port: int, case: Case, timeout: float) -> str:
     assert case.raw is not None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return "connect-failed"
     try:
         writer.write(case.raw)
@@ -279,7 +380,7 @@ async def send_raw(host: str, port: int, case: Case, timeout: float) -> str:
             return "closed"
         parts = line.split()
         return parts[1].decode() if len(parts) > 1 and parts[1].isdigit() else "bad-status-line"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "hang"
     except (ConnectionError, OSError):
         return "closed"
@@ -292,7 +393,9 @@ async def send(client: httpx.AsyncClient, host: str, port: int, case: Case, time
     if case.raw is not None:
         return await send_raw(host, port, case, timeout)
     try:
-        response = await client.request(case.method, case.path, content=case.body, headers=case.headers, timeout=timeout)
+        response = await client.request(
+            case.method, case.path, content=case.body, headers=case.headers, timeout=timeout
+        )
     except httpx.TimeoutException:
         return "hang"
     except httpx.TransportError:
@@ -307,7 +410,16 @@ async def answer(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
     return response.json()
 
 
-async def fuzz(url: str, requests: int, seconds: float, concurrency: int, request_timeout: float, seed: int, model: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+async def fuzz(
+    url: str,
+    requests: int,
+    seconds: float,
+    concurrency: int,
+    request_timeout: float,
+    seed: int,
+    model: str,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run the fuzz; return its figures (``ok`` is False on any 5xx, hang or changed answer)."""
     url = loopback_url(url)
     parsed = httpx.URL(url)
@@ -315,7 +427,9 @@ async def fuzz(url: str, requests: int, seconds: float, concurrency: int, reques
     rng = random.Random(seed)
     tally = Tally()
     started = time.monotonic()
-    async with httpx.AsyncClient(base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=concurrency)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=concurrency)
+    ) as client:
         before = await answer(client, model)
         next_index = 0
 
@@ -352,7 +466,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer' (a server with keys)")
     args = parser.parse_args(argv)
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else None
-    result = asyncio.run(fuzz(args.url, args.requests, args.seconds, args.concurrency, args.request_timeout, args.seed, args.model, headers))
+    result = asyncio.run(
+        fuzz(
+            args.url,
+            args.requests,
+            args.seconds,
+            args.concurrency,
+            args.request_timeout,
+            args.seed,
+            args.model,
+            headers,
+        )
+    )
     print(json.dumps(result, indent=2))
     raise SystemExit(0 if result["ok"] else 1)
 

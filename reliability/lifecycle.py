@@ -56,14 +56,23 @@ def engine_processes(pid: int, name: str) -> list[int]:
 async def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Wait for ``GET /health`` to say 200."""
     try:
-        await asyncio.to_thread(wait_until_ready, process, lambda: http_ok(f"{url}/health"), timeout, interval=0.5,
-                                what="the predictor")
+        await asyncio.to_thread(
+            wait_until_ready, process, lambda: http_ok(f"{url}/health"), timeout, interval=0.5, what="the predictor"
+        )
     except NotReady as exc:
         raise SystemExit(str(exc)) from None
 
 
-async def run(event: str, predictor_args: list[str], clients: int, load_seconds: float, exit_timeout: float,
-              engine_name: str, startup_timeout: float, log_path: Path) -> dict[str, Any]:
+async def run(
+    event: str,
+    predictor_args: list[str],
+    clients: int,
+    load_seconds: float,
+    exit_timeout: float,
+    engine_name: str,
+    startup_timeout: float,
+    log_path: Path,
+) -> dict[str, Any]:
     """Start, load, trigger ``event``, and record what the clients saw."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -145,8 +154,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     predictor_args = [arg for arg in args.predictor_args if arg != "--"] or ["--model-name", MODEL_NAME]
     result = asyncio.run(
-        run(args.event, predictor_args, args.clients, args.load_seconds, args.exit_timeout,
-            args.engine_process_name, args.startup_timeout, args.log)
+        run(
+            args.event,
+            predictor_args,
+            args.clients,
+            args.load_seconds,
+            args.exit_timeout,
+            args.engine_process_name,
+            args.startup_timeout,
+            args.log,
+        )
     )
     print(json.dumps(result, indent=2))
     raise SystemExit(0 if result["ok"] else 1)

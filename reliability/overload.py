@@ -20,7 +20,9 @@ import httpx
 from reliability.common import MODEL_NAME, loopback_url, percentile, valid_request
 
 
-async def overload(url: str, clients: int, seconds: float, model: str = MODEL_NAME, headers: dict[str, str] | None = None) -> dict[str, Any]:
+async def overload(
+    url: str, clients: int, seconds: float, model: str = MODEL_NAME, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run the overload; return its figures."""
     url = loopback_url(url)
     statuses: Counter[str] = Counter()
@@ -47,9 +49,15 @@ async def overload(url: str, clients: int, seconds: float, model: str = MODEL_NA
                     shed_without_retry_after += 1
                 await asyncio.sleep(min(float(response.headers.get("retry-after", "1") or 1), 5.0))
 
-    async with httpx.AsyncClient(base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=clients)) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=clients)
+    ) as http:
         await asyncio.gather(*(client_loop(index, http) for index in range(clients)))
-    failures = sum(count for status, count in statuses.items() if not status.isdigit() or (status.startswith("5") and status != "503"))
+    failures = sum(
+        count
+        for status, count in statuses.items()
+        if not status.isdigit() or (status.startswith("5") and status != "503")
+    )
     return {
         "clients": clients,
         "statuses": dict(statuses),

@@ -62,7 +62,9 @@ async def soak(
         if pid is not None:
             samples.append((round(time.monotonic() - started, 1), rss_bytes(pid)))
 
-    async with httpx.AsyncClient(base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=clients)) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers or {}, limits=httpx.Limits(max_connections=clients)
+    ) as http:
         await asyncio.gather(sampler(), *(client_loop(index, http) for index in range(clients)))
     settled = [rss for at, rss in samples if at >= min(settle_seconds, seconds / 2)]
     growth = (settled[-1] - settled[0]) / settled[0] if len(settled) >= 2 and settled[0] else 0.0
@@ -88,13 +90,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--sample-seconds", type=float, default=10)
     parser.add_argument("--settle-minutes", type=float, default=2, help="growth is measured from here")
-    parser.add_argument("--max-growth", type=float, default=0.05, help="largest RSS growth after settling (0.05 = 5 %%)")
+    parser.add_argument(
+        "--max-growth", type=float, default=0.05, help="largest RSS growth after settling (0.05 = 5 %%)"
+    )
     parser.add_argument("--model", default=MODEL_NAME)
     parser.add_argument("--api-key", default=None)
     args = parser.parse_args(argv)
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else None
     result = asyncio.run(
-        soak(args.url, args.clients, args.minutes * 60, args.pid, args.sample_seconds, args.settle_minutes * 60, args.model, headers)
+        soak(
+            args.url,
+            args.clients,
+            args.minutes * 60,
+            args.pid,
+            args.sample_seconds,
+            args.settle_minutes * 60,
+            args.model,
+            headers,
+        )
     )
     print(json.dumps(result, indent=2))
     ok = not result["errors"] and result["requests"] > 0 and result["rss_growth_after_settle"] <= args.max_growth

@@ -87,9 +87,13 @@ FOOTER = "{{- end }}\n"
 def runtime_spec() -> dict[str, object]:
     """The ServingRuntime's containers and volumes, from the contract, with placeholders."""
     container = predictor_container(
-        image="@IMAGE@", model_name="@NAME@", dp="@GPUS@", max_model_len="@MAX_MODEL_LEN@",
+        image="@IMAGE@",
+        model_name="@NAME@",
+        dp="@GPUS@",
+        max_model_len="@MAX_MODEL_LEN@",
         resources="@RESOURCES@",  # type: ignore[arg-type]  # a placeholder for a Helm block
-        extra_args=["@EXTRA_ARGS@"], grpc=True,  # its lines are kept under `if $rt.grpc` (GRPC_LINES)
+        extra_args=["@EXTRA_ARGS@"],
+        grpc=True,  # its lines are kept under `if $rt.grpc` (GRPC_LINES)
     )
     return {"containers": [container], "volumes": predictor_volumes(compile_cache={"@CACHE@": {}})}
 
@@ -99,7 +103,7 @@ def grpc_lines() -> dict[str, int]:
     container = predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={}, grpc=True)
     plain = predictor_container(image="i", model_name="m", dp="1", max_model_len="8", resources={})
     lines = {f"- {arg}": 1 for arg in container["args"] if arg not in plain["args"]}
-    for port in container["ports"][len(plain["ports"]):]:
+    for port in container["ports"][len(plain["ports"]) :]:
         lines[f"- name: {port['name']}"] = len(port)
     return lines
 
@@ -148,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     current = args.out.read_text() if args.out.exists() else ""
     if current != text:
-        sys.stdout.writelines(difflib.unified_diff(
-            current.splitlines(keepends=True), text.splitlines(keepends=True), str(args.out), "generated"))
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                current.splitlines(keepends=True), text.splitlines(keepends=True), str(args.out), "generated"
+            )
+        )
         print(f"{args.out} is out of date: run scripts/render_servingruntime.py", file=sys.stderr)
         return 1
     return 0

@@ -26,13 +26,16 @@ def _refuse(report: pytest.TestReport | pytest.CollectReport) -> None:
     reason = _reason(report)
     if not ALLOWED_SKIP_REASON.search(reason):
         report.outcome = "failed"
-        report.longrepr = (f"skipped for a reason not on the allow-list (a missing CUDA device or GPU): {reason}\n"
-                           "import required dependencies plainly; deselect with -m to leave tests out on purpose")
+        report.longrepr = (
+            f"skipped for a reason not on the allow-list (a missing CUDA device or GPU): {reason}\n"
+            "import required dependencies plainly; deselect with -m to leave tests out on purpose"
+        )
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
-                                                                                           pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.skipped and not hasattr(report, "wasxfail"):
         _refuse(report)
@@ -40,8 +43,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, pytest.CollectReport,
-                                                                         pytest.CollectReport]:
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
     report = yield
     if report.skipped:
         _refuse(report)

@@ -12,8 +12,10 @@ import pytest
 
 from clef_tools.local_server import NotReady, free_port, http_ok, listening, start_and_wait, stop_process
 
-SERVE = "import http.server, sys, time; time.sleep(float(sys.argv[2])); " \
-        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()"
+SERVE = (
+    "import http.server, sys, time; time.sleep(float(sys.argv[2])); "
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()"
+)
 
 
 def test_a_server_is_returned_once_ready_and_stopped() -> None:
@@ -21,8 +23,14 @@ def test_a_server_is_returned_once_ready_and_stopped() -> None:
     assert not listening(port) and not http_ok(f"http://127.0.0.1:{port}/")
     started = time.monotonic()
     url = f"http://127.0.0.1:{port}/"
-    server = start_and_wait([sys.executable, "-c", SERVE, str(port), "0.5"], lambda: http_ok(url),
-                            timeout=60, interval=0.1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_and_wait(
+        [sys.executable, "-c", SERVE, str(port), "0.5"],
+        lambda: http_ok(url),
+        timeout=60,
+        interval=0.1,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert time.monotonic() - started >= 0.5 and listening(port) and server.poll() is None
     assert stop_process(server) == -15 and not listening(port)
 

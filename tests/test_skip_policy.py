@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = '''
+SAMPLE = """
 import pytest
 
 def test_needs_cuda():
@@ -27,16 +27,35 @@ def test_missing_package():
 @pytest.mark.xfail(reason="known")
 def test_known_failure():
     assert False
-'''
+"""
 
 
 def _run(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[str]:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.skip_policy", "-p", "no:cacheprovider",
-                           "-rA", "-q", "--rootdir", str(tmp_path), str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.skip_policy",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "-q",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_skips_off_the_allow_list_fail(tmp_path: Path) -> None:
@@ -52,7 +71,12 @@ def test_skips_off_the_allow_list_fail(tmp_path: Path) -> None:
 
 
 def test_a_module_level_skip_fails(tmp_path: Path) -> None:
-    done = _run(tmp_path, {"test_module.py": 'import pytest\npytest.importorskip("a_package_nobody_installed")\n'
-                                             "def test_anything():\n    pass\n"})
+    done = _run(
+        tmp_path,
+        {
+            "test_module.py": 'import pytest\npytest.importorskip("a_package_nobody_installed")\n'
+            "def test_anything():\n    pass\n"
+        },
+    )
     assert done.returncode != 0 and "not on the allow-list" in done.stdout, done.stdout
     assert "a_package_nobody_installed" in done.stdout, done.stdout

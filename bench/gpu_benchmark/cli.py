@@ -31,23 +31,36 @@ from bench.gpu_benchmark.workdir import log, write_json
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options."""
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_benchmark", description=(PACKAGE_DOC or "").split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/clef-gpu-benchmark"), help="releases, records, logits, logs")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_benchmark", description=(PACKAGE_DOC or "").split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/clef-gpu-benchmark"), help="releases, records, logits, logs"
+    )
     parser.add_argument("--out", type=Path, default=None, help="summary folder (default: --work)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list from {', '.join(CASES)}")
     parser.add_argument("--device", default="cuda", help="cuda or cpu (smoke runs)")
     parser.add_argument("--scale", choices=("full", "tiny"), default="full", help="shape of the built release")
     parser.add_argument("--bf16", default=None, help="existing BF16 release (default: build one in --work)")
     parser.add_argument("--fp8", default=None, help="existing FP8 release (default: quantize the BF16 one)")
-    parser.add_argument("--nvfp4", default=None, help="existing NVFP4 release (default: quantize the BF16 one when an "
-                        "nvfp4 case is asked for)")
+    parser.add_argument(
+        "--nvfp4",
+        default=None,
+        help="existing NVFP4 release (default: quantize the BF16 one when an nvfp4 case is asked for)",
+    )
     parser.add_argument("--records", type=int, default=1400)
     parser.add_argument("--tokens", type=int, default=512, help="mean prompt length of the records")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-budget", type=float, default=540.0, help="seconds; stages that would not fit are skipped")
+    parser.add_argument(
+        "--time-budget", type=float, default=540.0, help="seconds; stages that would not fit are skipped"
+    )
     parser.add_argument("--http-mode", choices=MODES, default="graphs", help="compilation mode of the http case")
-    parser.add_argument("--capture-sizes", type=lambda text: [int(v) for v in text.split(",")], default=None,
-                        help="CUDA-graph sizes in tokens for graphs mode (default: clef_plugin's prefill sizes)")
+    parser.add_argument(
+        "--capture-sizes",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=None,
+        help="CUDA-graph sizes in tokens for graphs mode (default: clef_plugin's prefill sizes)",
+    )
     parser.add_argument("--profile", action="store_true", help="profile GPU kernels in the vLLM cases")
     parser.add_argument("--cache-dir", type=Path, default=None, help="compile/Triton caches (default: --work/cache)")
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -55,25 +68,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--engine-args", default="{}", help="JSON object of extra vllm.LLM keyword arguments")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
-                        help="engine arguments for the cases named <vllm case>+NAME (repeatable)")
-    parser.add_argument("--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch")
-    parser.add_argument("--transformers-records", type=int, default=None,
-                        help="score only the first N records in the transformers case (default: all)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="engine arguments for the cases named <vllm case>+NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--transformers-batch-tokens", type=int, default=8192, help="padded tokens per transformers batch"
+    )
+    parser.add_argument(
+        "--transformers-records",
+        type=int,
+        default=None,
+        help="score only the first N records in the transformers case (default: all)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine case (median, min, max)")
     parser.add_argument("--latency-records", type=int, default=64, help="records sent one at a time for latency")
     parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64, 256])
     parser.add_argument("--http-requests", type=int, default=2000, help="requests per multi-client HTTP load")
     parser.add_argument("--http-single-requests", type=int, default=200, help="requests of the one-client HTTP load")
     parser.add_argument("--http-ready-timeout", type=float, default=300.0)
-    parser.add_argument("--http-repeat-fractions", type=lambda text: [float(v) for v in text.split(",") if v], default=[],
-                        help="after the http loads, one load per share of repeated requests (e.g. 0,0.5,0.9)")
+    parser.add_argument(
+        "--http-repeat-fractions",
+        type=lambda text: [float(v) for v in text.split(",") if v],
+        default=[],
+        help="after the http loads, one load per share of repeated requests (e.g. 0,0.5,0.9)",
+    )
     parser.add_argument("--http-repeat-clients", type=int, default=64, help="clients of the repeated-request loads")
     parser.add_argument("--run-case", choices=sorted(CASE_FUNCTIONS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-key", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--http-args", action="append", default=[], metavar="NAME=ARGS",
-                        help="extra predictor arguments (one shell-quoted string) for the cases http+NAME, "
-                             "http-dp2+NAME (repeatable), e.g. enc4='--encode-processes 4'")
+    parser.add_argument(
+        "--http-args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="extra predictor arguments (one shell-quoted string) for the cases http+NAME, "
+        "http-dp2+NAME (repeatable), e.g. enc4='--encode-processes 4'",
+    )
     parser.add_argument("--predictor-args", type=json.loads, default=[], help=argparse.SUPPRESS)
     return parser
 
@@ -127,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         name = variant_name(case)
         if name and base_case(case) in HTTP_CASES and name not in args.http_variants:
             parser.error(f"case {case}: an http variant needs --http-args {name}='ARGS'")
-        if name and base_case(case) not in HTTP_CASES and (base_case(case) not in VLLM_CASES or name not in args.variants):
+        if (
+            name
+            and base_case(case) not in HTTP_CASES
+            and (base_case(case) not in VLLM_CASES or name not in args.variants)
+        ):
             parser.error(f"case {case}: a variant needs a vLLM case and a --variant {name}=JSON")
     out = args.out or args.work
     deadline = time.time() + args.time_budget
@@ -142,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         summary["prepare"] = prepare(args, args.work, deadline)
-        write_json(args.work / "releases.json",
-                    {name: summary["prepare"][name] for name in PRECISIONS if name in summary["prepare"]})
+        write_json(
+            args.work / "releases.json",
+            {name: summary["prepare"][name] for name in PRECISIONS if name in summary["prepare"]},
+        )
     except Exception as exc:  # noqa: BLE001 (nothing else can run without the releases and records)
         summary["prepare"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         status = 1

@@ -30,7 +30,9 @@ def overlay_engine_args(base: dict[str, Any], extra: dict[str, Any]) -> dict[str
     return merged
 
 
-def merge_engine_args(mode: str, mode_args: dict[str, Any], extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+def merge_engine_args(
+    mode: str, mode_args: dict[str, Any], extra: dict[str, Any], max_model_len: int
+) -> dict[str, Any]:
     """The mode's vLLM keyword arguments overridden by ``extra``; a ``compilation_config`` in ``extra``
     is merged into the mode's (in graphs mode without one: the plugin's default prefill graphs)."""
     from clef_plugin.api import graph_compilation_config, prefill_capture_sizes

@@ -59,9 +59,21 @@ class RepeatedBodies:
 def predictor_command(args: argparse.Namespace, release: str, port: int, data_parallel: int) -> list[str]:
     """``python -m predictor`` serving ``release`` with the vLLM engine as the http cases start it."""
     command = [
-        sys.executable, "-m", "predictor", "--model-dir", release, "--model-name", "clef-flash",
-        "--engine", "vllm", "--http_port", str(port), "--max-model-len", str(args.max_model_len),
-        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        sys.executable,
+        "-m",
+        "predictor",
+        "--model-dir",
+        release,
+        "--model-name",
+        "clef-flash",
+        "--engine",
+        "vllm",
+        "--http_port",
+        str(port),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
     ]
     if args.max_num_batched_tokens is not None:
         command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
@@ -93,8 +105,13 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
     try:
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until_ready(server, lambda: http_ok(f"{url}/v1/models/clef-flash"), args.http_ready_timeout,
-                             interval=0.5, what="the predictor")
+            wait_until_ready(
+                server,
+                lambda: http_ok(f"{url}/v1/models/clef-flash"),
+                args.http_ready_timeout,
+                interval=0.5,
+                what="the predictor",
+            )
         except NotReady as exc:
             raise RuntimeError(f"{exc}; see {log_path}") from None
         result["ready_s"] = round(time.perf_counter() - started, 1)
@@ -109,7 +126,9 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
             log(f"http: {clients} clients, {count} requests")
             load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=bodies))
             current = scrape_timers(url)  # server-side means include the load's few warm-up requests
-            result["loads"].append({"clients": clients, **load.summary(), "server_ms_mean": timer_means(previous, current)})
+            result["loads"].append(
+                {"clients": clients, **load.summary(), "server_ms_mean": timer_means(previous, current)}
+            )
             previous = current
         result["repeat_loads"] = []
         for fraction in args.http_repeat_fractions:
@@ -119,10 +138,16 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
             repeated = RepeatedBodies(bodies, fraction, label=f"r{len(result['repeat_loads'])}")
             load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=repeated))
             counts = answer_cache_counts(url)
-            result["repeat_loads"].append({
-                "repeat_fraction": fraction, "clients": clients, **load.summary(),
-                "answer_cache": {outcome: int(counts[outcome] - counts_before.get(outcome, 0.0)) for outcome in counts},
-            })
+            result["repeat_loads"].append(
+                {
+                    "repeat_fraction": fraction,
+                    "clients": clients,
+                    **load.summary(),
+                    "answer_cache": {
+                        outcome: int(counts[outcome] - counts_before.get(outcome, 0.0)) for outcome in counts
+                    },
+                }
+            )
     finally:
         stop_process(server)
         log_file.close()

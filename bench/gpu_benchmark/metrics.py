@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-
 TIMERS = (
-    "clef_stage_seconds", "clef_request_latency_seconds", "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_inference_time_seconds",
+    "clef_stage_seconds",
+    "clef_request_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_inference_time_seconds",
 )
 
 
@@ -48,4 +51,8 @@ def timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tup
 
 def answer_cache_counts(url: str) -> dict[str, float]:
     """``clef_answer_cache_total`` by outcome (hit, merged, miss) from the server's ``/metrics``."""
-    return {sample.labels["outcome"]: sample.value for sample in metric_samples(url) if sample.name == "clef_answer_cache_total"}
+    return {
+        sample.labels["outcome"]: sample.value
+        for sample in metric_samples(url)
+        if sample.name == "clef_answer_cache_total"
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 MODES = ("eager", "compile", "graphs")
 
 
@@ -30,8 +29,13 @@ ENGINE_CASES = ("transformers", *VLLM_CASES)
 
 
 # Rough lower bounds (s) for a stage on the full shape; a stage does not start with less time left.
-MIN_SECONDS = {"prepare": 120, "transformers": 120, "head": 30, **{case: 150 for case in HTTP_CASES},
-               **{case: 120 for case in VLLM_CASES}}
+MIN_SECONDS = {
+    "prepare": 120,
+    "transformers": 120,
+    "head": 30,
+    **dict.fromkeys(HTTP_CASES, 150),
+    **dict.fromkeys(VLLM_CASES, 120),
+}
 
 
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
@@ -51,10 +55,18 @@ def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:
     """(reference, candidate) pairs: BF16 vs FP8, BF16 vs NVFP4 and FP8 vs NVFP4 in the same mode, transformers
     vs every vLLM case, eager vs compiled modes of the same precision, and every variant vs its plain case."""
     vllm_cases = [case for case in PLUGIN_CASES if case in cases]
-    pairs = [(f"vllm-{a}-{m}", f"vllm-{b}-{m}") for a, b in (("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "nvfp4"))
-             for m in MODES if f"vllm-{a}-{m}" in cases and f"vllm-{b}-{m}" in cases]
+    pairs = [
+        (f"vllm-{a}-{m}", f"vllm-{b}-{m}")
+        for a, b in (("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "nvfp4"))
+        for m in MODES
+        if f"vllm-{a}-{m}" in cases and f"vllm-{b}-{m}" in cases
+    ]
     pairs += [("transformers", case) for case in vllm_cases if "transformers" in cases]
-    pairs += [(f"vllm-{p}-eager", f"vllm-{p}-{m}") for p in PRECISIONS for m in MODES[1:]
-              if f"vllm-{p}-eager" in cases and f"vllm-{p}-{m}" in cases]
+    pairs += [
+        (f"vllm-{p}-eager", f"vllm-{p}-{m}")
+        for p in PRECISIONS
+        for m in MODES[1:]
+        if f"vllm-{p}-eager" in cases and f"vllm-{p}-{m}" in cases
+    ]
     pairs += [(base_case(case), case) for case in sorted(cases) if variant_name(case) and base_case(case) in cases]
     return pairs

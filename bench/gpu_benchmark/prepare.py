@@ -22,7 +22,16 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
     if not (bf16 / "config.json").is_file():
         if args.bf16:
             raise FileNotFoundError(f"--bf16 {bf16}: no config.json")
-        command = [sys.executable, "-m", "clef_tools.fullsize", str(bf16), "--scale", args.scale, "--device", args.device]
+        command = [
+            sys.executable,
+            "-m",
+            "clef_tools.fullsize",
+            str(bf16),
+            "--scale",
+            args.scale,
+            "--device",
+            args.device,
+        ]
         result["build_bf16"] = run_json(command, deadline)
     if not (fp8 / "config.json").is_file():
         if args.fp8:
@@ -35,8 +44,17 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
         if not (nvfp4 / "config.json").is_file():
             if args.nvfp4:
                 raise FileNotFoundError(f"--nvfp4 {nvfp4}: no config.json")
-            command = [sys.executable, "-m", "clef_tools.quantize", str(bf16), str(nvfp4), "--scheme", "NVFP4",
-                       "--device", args.device]
+            command = [
+                sys.executable,
+                "-m",
+                "clef_tools.quantize",
+                str(bf16),
+                str(nvfp4),
+                "--scheme",
+                "NVFP4",
+                "--device",
+                args.device,
+            ]
             result["quantize_nvfp4"] = run_json(command, deadline)
         result["nvfp4"] = str(nvfp4)
     meta = {"records": args.records, "seed": args.seed, "tokens": args.tokens, "tokenizer": str(bf16)}
@@ -44,9 +62,9 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
     if not (meta_file.is_file() and json.loads(meta_file.read_text()) == meta and (work / "encoded.json").is_file()):
         from transformers import AutoTokenizer
 
-        from clef_tools.sized_records import make_records
         from clef_head.encoder import encode_request
         from clef_head.request import parse_request
+        from clef_tools.sized_records import make_records
 
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(bf16)

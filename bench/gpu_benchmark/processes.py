@@ -56,22 +56,55 @@ def run_child(args: argparse.Namespace) -> int:
 def child_command(args: argparse.Namespace, key: str) -> list[str]:
     case = base_case(key)
     engine_args = overlay_engine_args(json.loads(args.engine_args), args.variants.get(variant_name(key) or "", {}))
-    command = [sys.executable, "-m", "bench.gpu_benchmark", "--run-case", case, "--result-key", key, "--work", str(args.work),
-               "--device", args.device, "--max-model-len", str(args.max_model_len),
-               "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--transformers-batch-tokens", str(args.transformers_batch_tokens),
-               "--transformers-records", str(args.transformers_records or 0),
-               "--engine-args", json.dumps(engine_args), "--http-clients", ",".join(map(str, args.http_clients)),
-               "--http-requests", str(args.http_requests), "--latency-records", str(args.latency_records),
-               "--http-ready-timeout", str(args.http_ready_timeout), "--http-mode", args.http_mode,
-               "--repeats", str(args.repeats), "--http-single-requests", str(args.http_single_requests),
-               "--http-repeat-fractions", ",".join(map(str, args.http_repeat_fractions)),
-               "--http-repeat-clients", str(args.http_repeat_clients),
-               "--predictor-args", json.dumps(args.http_variants.get(variant_name(key) or "", [])),
-               ] + (["--profile"] if args.profile else [])
+    command = [
+        sys.executable,
+        "-m",
+        "bench.gpu_benchmark",
+        "--run-case",
+        case,
+        "--result-key",
+        key,
+        "--work",
+        str(args.work),
+        "--device",
+        args.device,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        "--transformers-batch-tokens",
+        str(args.transformers_batch_tokens),
+        "--transformers-records",
+        str(args.transformers_records or 0),
+        "--engine-args",
+        json.dumps(engine_args),
+        "--http-clients",
+        ",".join(map(str, args.http_clients)),
+        "--http-requests",
+        str(args.http_requests),
+        "--latency-records",
+        str(args.latency_records),
+        "--http-ready-timeout",
+        str(args.http_ready_timeout),
+        "--http-mode",
+        args.http_mode,
+        "--repeats",
+        str(args.repeats),
+        "--http-single-requests",
+        str(args.http_single_requests),
+        "--http-repeat-fractions",
+        ",".join(map(str, args.http_repeat_fractions)),
+        "--http-repeat-clients",
+        str(args.http_repeat_clients),
+        "--predictor-args",
+        json.dumps(args.http_variants.get(variant_name(key) or "", [])),
+    ] + (["--profile"] if args.profile else [])
     if args.capture_sizes:
         command += ["--capture-sizes", ",".join(map(str, args.capture_sizes))]
-    for flag, value in (("--max-num-batched-tokens", args.max_num_batched_tokens), ("--max-num-seqs", args.max_num_seqs)):
+    for flag, value in (
+        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+        ("--max-num-seqs", args.max_num_seqs),
+    ):
         if value is not None:
             command += [flag, str(value)]
     return command

@@ -28,8 +28,11 @@ def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, 
     result: dict[str, Any] = {"fla": importlib.util.find_spec("fla") is not None}
     started = time.perf_counter()
     scorer = TransformersScorer(
-        releases["bf16"], device=args.device, dtype=torch.bfloat16,
-        max_length=args.max_model_len, max_batch_tokens=args.transformers_batch_tokens,
+        releases["bf16"],
+        device=args.device,
+        dtype=torch.bfloat16,
+        max_length=args.max_model_len,
+        max_batch_tokens=args.transformers_batch_tokens,
     )
     sync(args.device)
     result["start_s"] = round(time.perf_counter() - started, 2)
@@ -85,8 +88,10 @@ def transformers_split(args: argparse.Namespace, scorer: Any, encoded: list[Any]
             t1 = time.perf_counter()
             with torch.inference_mode():
                 scorer.head(
-                    hidden, [torch.tensor(item.input_ids, device=scorer.device) for item in batch],
-                    [item.layout for item in batch], scorer.lm_head_weight,
+                    hidden,
+                    [torch.tensor(item.input_ids, device=scorer.device) for item in batch],
+                    [item.layout for item in batch],
+                    scorer.lm_head_weight,
                 )
             sync(args.device)
             backbone_s, head_s = backbone_s + t1 - t0, head_s + time.perf_counter() - t1
@@ -119,8 +124,11 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     for batch in (1, 16, 64):
         count = min(len(ids), max(batch, 64 if args.device.startswith("cuda") else batch))
         records = [
-            (torch.randn(len(ids[i]), head.config.hidden_size, generator=generator, device=args.device, dtype=dtype),
-             torch.tensor(ids[i], device=args.device), layouts[i])
+            (
+                torch.randn(len(ids[i]), head.config.hidden_size, generator=generator, device=args.device, dtype=dtype),
+                torch.tensor(ids[i], device=args.device),
+                layouts[i],
+            )
             for i in range(count)
         ]
 
@@ -142,7 +150,9 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     return result
 
 
-def one_record_head(head: Any, records: list[tuple[Any, Any, Any]], lm_head: Any, device: str, repeats: int) -> dict[str, Any]:
+def one_record_head(
+    head: Any, records: list[tuple[Any, Any, Any]], lm_head: Any, device: str, repeats: int
+) -> dict[str, Any]:
     """A lone record through the head: the dynamic forward, the static bucketed pass run eagerly, and (on
     CUDA) its CUDA-graph replay; ms per record (median of ``repeats`` passes over the records, each pass
     after one that captured every bucket), whether replays equal the eager static pass exactly, and the
@@ -168,7 +178,9 @@ def one_record_head(head: Any, records: list[tuple[Any, Any, Any]], lm_head: Any
     if "graphs" in outputs:
         result["graphs_captured"] = paths["graphs"].captures
         result["graphs_equal_static_eager"] = all(
-            torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["static_eager"]))
+            torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["static_eager"])
+        )
     result["static_max_abs_diff_vs_dynamic"] = max(
-        float((a.float() - b.float()).abs().max()) for a, b in zip(outputs["static_eager"], outputs["dynamic"]))
+        float((a.float() - b.float()).abs().max()) for a, b in zip(outputs["static_eager"], outputs["dynamic"])
+    )
     return result

@@ -40,7 +40,7 @@ def agreement(work: Path) -> dict[str, Any]:
     from bench.agreement import question_agreement
 
     _, layouts = load_encoded(work)
-    present = [path.name[len("logits-"):-len(".pt")] for path in work.glob("logits-*.pt")]
+    present = [path.name[len("logits-") : -len(".pt")] for path in work.glob("logits-*.pt")]
     found: dict[str, Any] = {}
     for reference, candidate in agreement_pairs(present):
         first, second = (torch.load(work / f"logits-{name}.pt") for name in (reference, candidate))
@@ -51,9 +51,13 @@ def agreement(work: Path) -> dict[str, Any]:
 
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
-    rows = [f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'min-max':>15}{'GiB used':>10}{'p50 ms':>9}  note"]
-    keys = sorted((path.stem for path in (work / "results").glob("*.json") if base_case(path.stem) in ENGINE_CASES),
-                  key=lambda key: (ENGINE_CASES.index(base_case(key)), key))
+    rows = [
+        f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'min-max':>15}{'GiB used':>10}{'p50 ms':>9}  note"
+    ]
+    keys = sorted(
+        (path.stem for path in (work / "results").glob("*.json") if base_case(path.stem) in ENGINE_CASES),
+        key=lambda key: (ENGINE_CASES.index(base_case(key)), key),
+    )
     for case in keys:
         r = json.loads((work / "results" / f"{case}.json").read_text())
         if "error" in r:
@@ -63,8 +67,10 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
         used = r.get("memory", {}).get("device_used_gib", "")
         note = ""
         if base_case(case) == "transformers":
-            note = (f"fla={r['fla']} first pass {r['first_pass']['prompt_tokens_per_s']} tok/s; backbone only "
-                    f"{r['backbone_only']['prompt_tokens_per_s']} tok/s; steady head share {r['split']['head_share']:.1%}")
+            note = (
+                f"fla={r['fla']} first pass {r['first_pass']['prompt_tokens_per_s']} tok/s; backbone only "
+                f"{r['backbone_only']['prompt_tokens_per_s']} tok/s; steady head share {r['split']['head_share']:.1%}"
+            )
         spread_text = ""
         if "prompt_tokens_per_s_spread" in r:
             spread_text = f"{r['prompt_tokens_per_s_spread']['min']:.0f}-{r['prompt_tokens_per_s_spread']['max']:.0f}"
@@ -77,31 +83,46 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
             f"{spread_text:>15}{used:>10}{p50:>9}  {note}"
         )
     for pair, value in summary.get("agreement", {}).items():
-        rows.append(f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
-                    f"({value['questions']} questions; median top-2 margin {value['median_reference_top2_margin']:.3f}, "
-                    f"median |Δlogit| {value['median_abs_logit_diff']:.3f})")
+        rows.append(
+            f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
+            f"({value['questions']} questions; median top-2 margin {value['median_reference_top2_margin']:.3f}, "
+            f"median |Δlogit| {value['median_abs_logit_diff']:.3f})"
+        )
     head = summary.get("cases", {}).get("head") or {}
     if "batch_16_ms_per_record" in head:
-        rows.append(f"head alone: {head['batch_1_ms_per_record']} / {head['batch_16_ms_per_record']} / "
-                    f"{head['batch_64_ms_per_record']} ms per record at batch 1 / 16 / 64")
+        rows.append(
+            f"head alone: {head['batch_1_ms_per_record']} / {head['batch_16_ms_per_record']} / "
+            f"{head['batch_64_ms_per_record']} ms per record at batch 1 / 16 / 64"
+        )
         one = head.get("one_record", {})
-        paths = ", ".join(f"{name} {one[f'{name}_ms_per_record']['median']} ms"
-                          for name in ("dynamic", "static_eager", "graphs") if f"{name}_ms_per_record" in one)
-        rows.append(f"head, one record: {paths}; graphs == eager static: {one.get('graphs_equal_static_eager')}, "
-                    f"static vs dynamic max |Δ| {one.get('static_max_abs_diff_vs_dynamic')}")
+        paths = ", ".join(
+            f"{name} {one[f'{name}_ms_per_record']['median']} ms"
+            for name in ("dynamic", "static_eager", "graphs")
+            if f"{name}_ms_per_record" in one
+        )
+        rows.append(
+            f"head, one record: {paths}; graphs == eager static: {one.get('graphs_equal_static_eager')}, "
+            f"static vs dynamic max |Δ| {one.get('static_max_abs_diff_vs_dynamic')}"
+        )
     for key in sorted(key for key in summary.get("cases", {}) if base_case(key) in HTTP_CASES):
         http = summary["cases"][key] or {}
         if "ready_s" in http:
             extra = " ".join(http.get("predictor_args", []))
-            rows.append(f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)"
-                        + (f"; predictor arguments {extra}" if extra else ""))
+            rows.append(
+                f"{key}: ready after {http['ready_s']} s ({http.get('mode')} mode, warm-up included)"
+                + (f"; predictor arguments {extra}" if extra else "")
+            )
         for load in http.get("loads", []):
             server = ", ".join(f"{name} {ms}" for name, ms in load.get("server_ms_mean", {}).items())
-            rows.append(f"{key} {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
-                        f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
-                        f"errors {load['errors']}; server ms/request: {server}")
+            rows.append(
+                f"{key} {load['clients']:>3} clients: {load['requests_per_s']} req/s, "
+                f"{load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, p95 {load['latency_ms_p95']} ms, "
+                f"errors {load['errors']}; server ms/request: {server}"
+            )
         for load in http.get("repeat_loads", []):
-            rows.append(f"{key} {load['clients']:>3} clients, {load['repeat_fraction']:.0%} repeated: "
-                        f"{load['requests_per_s']} req/s, {load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, "
-                        f"p95 {load['latency_ms_p95']} ms, errors {load['errors']}; answer cache {load['answer_cache']}")
+            rows.append(
+                f"{key} {load['clients']:>3} clients, {load['repeat_fraction']:.0%} repeated: "
+                f"{load['requests_per_s']} req/s, {load['tokens_per_s']} tok/s, p50 {load['latency_ms_p50']} ms, "
+                f"p95 {load['latency_ms_p95']} ms, errors {load['errors']}; answer cache {load['answer_cache']}"
+            )
     return "\n".join(rows)

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 WARMUP_RECORDS = 32
 
 
@@ -43,8 +42,12 @@ def rates(records: int, tokens: int, seconds: float) -> dict[str, float]:
 
 def spread(values: list[float]) -> dict[str, Any]:
     """Median, min and max of repeated measurements (and the runs themselves, in order)."""
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
-            "max": round(max(values), 2), "runs": [round(value, 2) for value in values]}
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+        "runs": [round(value, 2) for value in values],
+    }
 
 
 def timed_passes(run: Callable[[], Any], repeats: int, device: str) -> tuple[list[float], Any]:

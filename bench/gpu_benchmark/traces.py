@@ -6,11 +6,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 # Kernel kinds for the profile summary: the first pattern found in a kernel's name (lower case) wins.
 KERNEL_KINDS = (
-    ("gdn", ("chunk_", "gated_delta", "fused_recurrent", "solve_tril", "l2norm", "kkt", "cumsum", "fused_gdn",
-             "recompute_w_u", "merge_16x16", "fused_post_conv")),
+    (
+        "gdn",
+        (
+            "chunk_",
+            "gated_delta",
+            "fused_recurrent",
+            "solve_tril",
+            "l2norm",
+            "kkt",
+            "cumsum",
+            "fused_gdn",
+            "recompute_w_u",
+            "merge_16x16",
+            "fused_post_conv",
+        ),
+    ),
     ("conv1d", ("causal_conv1d", "conv1d")),
     ("fused (inductor)", ("triton_",)),
     ("attention", ("flash", "fmha", "attention", "attn")),
@@ -64,5 +77,7 @@ def summarize_trace(trace_dir: Path, since: float) -> dict[str, Any]:
         "gpu_busy_share_of_span": round(busy / max(last - first, 1e-9), 4),
         "by_kind_ms": {kind: round(value / 1000, 2) for kind, value in sorted(by_kind.items(), key=lambda i: -i[1])},
         "by_kind_share": {kind: round(value / busy, 4) for kind, value in sorted(by_kind.items(), key=lambda i: -i[1])},
-        "top_kernels_ms": [{"name": name[:160], "kind": kernel_kind(name), "ms": round(us / 1000, 2)} for name, us in top],
+        "top_kernels_ms": [
+            {"name": name[:160], "kind": kernel_kind(name), "ms": round(us / 1000, 2)} for name, us in top
+        ],
     }

@@ -13,7 +13,6 @@ from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, 
 from bench.gpu_benchmark.traces import summarize_trace
 from bench.gpu_benchmark.workdir import load_encoded, save_logits
 
-
 PROFILE_RECORDS = 64
 
 
@@ -28,14 +27,19 @@ def case_vllm(
 
     ids, layouts = load_encoded(work)
     key = args.result_key or (f"vllm-stock-{precision}-{mode}" if stock else f"vllm-{precision}-{mode}")
-    extra = merge_engine_args(mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len)
+    extra = merge_engine_args(
+        mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len
+    )
     if args.device.startswith("cuda"):
         extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
     trace_dir = work / "profiles" / key
     if args.profile:
         extra["profiler_config"] = {
-            "profiler": "torch", "torch_profiler_dir": str(trace_dir), "torch_profiler_with_stack": False,
-            "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
+            "profiler": "torch",
+            "torch_profiler_dir": str(trace_dir),
+            "torch_profiler_with_stack": False,
+            "torch_profiler_dump_cuda_time_total": False,
+            "ignore_frontend": True,
         }
     kwargs = clef_plugin.engine_kwargs(
         releases[precision],
@@ -70,7 +74,10 @@ def case_vllm(
 
     def encode(indices: range | list[int]) -> list[Any]:
         outputs = llm.encode(
-            [prompts[i] for i in indices], pooling_params=[params[i] for i in indices], pooling_task=task, use_tqdm=False,
+            [prompts[i] for i in indices],
+            pooling_params=[params[i] for i in indices],
+            pooling_task=task,
+            use_tqdm=False,
         )
         if stock:
             return [output.outputs.data.float().cpu() for output in outputs]
@@ -103,8 +110,11 @@ def case_vllm(
             wall = time.perf_counter() - started
             llm.stop_profile()
             summary = summarize_trace(trace_dir, since)
-            summary.update(records=len(indices), prompt_tokens=sum(len(ids[i]) for i in indices),
-                           wall_ms_profiled=round(1000 * wall, 2))
+            summary.update(
+                records=len(indices),
+                prompt_tokens=sum(len(ids[i]) for i in indices),
+                wall_ms_profiled=round(1000 * wall, 2),
+            )
             result["profile"][label] = summary
     del llm
     return result

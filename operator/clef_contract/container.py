@@ -144,12 +144,24 @@ def predictor_probes(
 
     ready = readiness_path(model_name)
     return {
-        "startupProbe": {"httpGet": http_get(ready), "periodSeconds": startup_period,
-                         "failureThreshold": startup_failures, "timeoutSeconds": PROBE_TIMEOUT},
-        "readinessProbe": {"httpGet": http_get(ready), "periodSeconds": READINESS_PERIOD,
-                           "failureThreshold": PROBE_FAILURES, "timeoutSeconds": PROBE_TIMEOUT},
-        "livenessProbe": {"httpGet": http_get(LIVENESS_PATH), "periodSeconds": LIVENESS_PERIOD,
-                          "failureThreshold": PROBE_FAILURES, "timeoutSeconds": PROBE_TIMEOUT},
+        "startupProbe": {
+            "httpGet": http_get(ready),
+            "periodSeconds": startup_period,
+            "failureThreshold": startup_failures,
+            "timeoutSeconds": PROBE_TIMEOUT,
+        },
+        "readinessProbe": {
+            "httpGet": http_get(ready),
+            "periodSeconds": READINESS_PERIOD,
+            "failureThreshold": PROBE_FAILURES,
+            "timeoutSeconds": PROBE_TIMEOUT,
+        },
+        "livenessProbe": {
+            "httpGet": http_get(LIVENESS_PATH),
+            "periodSeconds": LIVENESS_PERIOD,
+            "failureThreshold": PROBE_FAILURES,
+            "timeoutSeconds": PROBE_TIMEOUT,
+        },
     }
 
 
@@ -198,8 +210,12 @@ def predictor_volumes(
     if api_key_secret is not None:
         secret, key = api_key_secret
         file_name = API_KEY_FILE.rsplit("/", 1)[1]
-        volumes.append({"name": API_KEY_VOLUME, "secret": {
-            "secretName": secret, "items": [{"key": key, "path": file_name}], "defaultMode": 0o440}})
+        volumes.append(
+            {
+                "name": API_KEY_VOLUME,
+                "secret": {"secretName": secret, "items": [{"key": key, "path": file_name}], "defaultMode": 0o440},
+            }
+        )
     return volumes
 
 
@@ -223,8 +239,14 @@ def predictor_container(
         "name": CONTAINER_NAME,
         "image": image,
         "command": list(COMMAND),
-        "args": predictor_args(model_name=model_name, dp=dp, max_model_len=max_model_len,
-                               api_key_file=api_key_file, grpc=grpc, extra_args=extra_args),
+        "args": predictor_args(
+            model_name=model_name,
+            dp=dp,
+            max_model_len=max_model_len,
+            api_key_file=api_key_file,
+            grpc=grpc,
+            extra_args=extra_args,
+        ),
         "env": [*predictor_env(overridden=[str(item["name"]) for item in env]), *(dict(item) for item in env)],
         "ports": predictor_ports(grpc=grpc),
         "resources": _copy(resources),

@@ -17,23 +17,45 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m clef_operator``."""
     parser = argparse.ArgumentParser(prog="python -m clef_operator", description=__doc__)
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
-                       help="watch ClefDecisions in this namespace (repeatable; globs allowed)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true",
-                       help="watch ClefDecisions in every namespace (the default)")
-    parser.add_argument("--liveness-port", type=int, default=8080,
-                        help="port of the liveness endpoint GET /healthz (0 disables it)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch ClefDecisions in this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch ClefDecisions in every namespace (the default)"
+    )
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, help="port of the liveness endpoint GET /healthz (0 disables it)"
+    )
     parser.add_argument("--liveness-host", default="0.0.0.0", help="address the liveness endpoint binds to")
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--peering", default=DEFAULT_PEERING, metavar="NAME",
-                         help="kopf peering object shared by replicas: only the highest priority one works")
-    peering.add_argument("--standalone", action="store_true",
-                         help="no peering: for a single replica (or local development)")
-    parser.add_argument("--priority", type=int, default=None,
-                        help="peering priority; default: random per process, so replicas never tie")
-    parser.add_argument("--allow-host-path-prefix", action="append", default=[], metavar="DIR",
-                        help="let ClefDecisions put their compile cache on a hostPath under DIR (repeatable; "
-                             "absolute; default: hostPath caches are refused)")
+    peering.add_argument(
+        "--peering",
+        default=DEFAULT_PEERING,
+        metavar="NAME",
+        help="kopf peering object shared by replicas: only the highest priority one works",
+    )
+    peering.add_argument(
+        "--standalone", action="store_true", help="no peering: for a single replica (or local development)"
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; default: random per process, so replicas never tie",
+    )
+    parser.add_argument(
+        "--allow-host-path-prefix",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let ClefDecisions put their compile cache on a hostPath under DIR (repeatable; "
+        "absolute; default: hostPath caches are refused)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
     return parser
@@ -51,8 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clef_operator.reconcile import Policy
 
     memo = kopf.Memo()
-    memo.clef = OperatorState(policy=Policy(host_path_prefixes=tuple(
-        os.path.normpath(prefix) for prefix in args.allow_host_path_prefix)))
+    memo.clef = OperatorState(
+        policy=Policy(host_path_prefixes=tuple(os.path.normpath(prefix) for prefix in args.allow_host_path_prefix))
+    )
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
     liveness = f"http://{args.liveness_host}:{args.liveness_port}/healthz" if args.liveness_port else None

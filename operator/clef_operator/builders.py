@@ -114,8 +114,12 @@ def build_pod_security_context(spec: ClefDecisionSpec) -> dict[str, Any] | None:
     """
     if spec.deploymentMode == "Knative":
         return None
-    return {"fsGroup": PREDICTOR_GID, "fsGroupChangePolicy": "OnRootMismatch",
-            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "fsGroup": PREDICTOR_GID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Variant | None = None) -> dict[str, Any]:
@@ -127,7 +131,10 @@ def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Varian
         dp=str(gpus),
         max_model_len=str(spec.predictor.maxModelLen),
         resources=build_resources(spec, gpus),
-        env=[{"name": "STORAGE_URI", "value": chosen.storageUri}, *(var.model_dump(exclude_none=True) for var in spec.predictor.env)],
+        env=[
+            {"name": "STORAGE_URI", "value": chosen.storageUri},
+            *(var.model_dump(exclude_none=True) for var in spec.predictor.env),
+        ],
         extra_args=spec.predictor.extraArgs,
         api_key_file=spec.predictor.apiKeySecret is not None,
         startup_period=spec.predictor.startupProbe.periodSeconds,
@@ -143,18 +150,31 @@ def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Varian
 def build_volumes(spec: ClefDecisionSpec) -> list[dict[str, Any]]:
     """The pod's volumes (the contract's), with the spec's compile-cache source and API-key Secret."""
     secret = spec.predictor.apiKeySecret
-    return predictor_volumes(compile_cache=spec.predictor.compileCache, shm_size=spec.predictor.shmSize,
-                             api_key_secret=(secret.name, secret.key) if secret else None)
+    return predictor_volumes(
+        compile_cache=spec.predictor.compileCache,
+        shm_size=spec.predictor.shmSize,
+        api_key_secret=(secret.name, secret.key) if secret else None,
+    )
 
 
 def capability_affinity(min_capability: tuple[int, int]) -> dict[str, Any]:
     """Required node affinity: only nodes whose GPU Feature Discovery labels show ``min_capability`` or more."""
     major, minor = min_capability
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}]},
-        {"matchExpressions": [{"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
-                              {"key": GPU_COMPUTE_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]}]},
-    ]}}}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}]},
+                    {
+                        "matchExpressions": [
+                            {"key": GPU_COMPUTE_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
+                            {"key": GPU_COMPUTE_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]},
+                        ]
+                    },
+                ]
+            }
+        }
+    }
 
 
 def build_affinity(spec: ClefDecisionSpec, variant: Variant | None, verified: bool) -> dict[str, Any]:
@@ -174,10 +194,19 @@ def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict
     if scaling.keda is not None:
         keda = scaling.keda
         query = f'sum({keda.metric}{{namespace="{namespace}",pod=~"{name}-predictor-.*"}})'
-        return {"autoScaling": {"metrics": [{"type": "External", "external": {
-            "metric": {"backend": "prometheus", "serverAddress": keda.serverAddress, "query": query},
-            "target": {"type": "AverageValue", "averageValue": keda.target},
-        }}]}}
+        return {
+            "autoScaling": {
+                "metrics": [
+                    {
+                        "type": "External",
+                        "external": {
+                            "metric": {"backend": "prometheus", "serverAddress": keda.serverAddress, "query": query},
+                            "target": {"type": "AverageValue", "averageValue": keda.target},
+                        },
+                    }
+                ]
+            }
+        }
     fields: dict[str, Any] = {}
     if scaling.scaleMetric is not None:
         fields["scaleMetric"] = scaling.scaleMetric
@@ -271,8 +300,9 @@ def covers(live: Any, desired: Any) -> bool:
     """Whether ``live`` holds everything ``desired`` says: equal scalars, lists of the same length whose items
     cover, and mappings with every desired key covered (keys others add, such as KServe's defaults, are fine)."""
     if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(key in live and covers(live[key], value)
-                                                 for key, value in desired.items())
+        return isinstance(live, Mapping) and all(
+            key in live and covers(live[key], value) for key, value in desired.items()
+        )
     if isinstance(desired, list):
         return isinstance(live, list) and len(live) == len(desired) and all(map(covers, live, desired))
     return bool(live == desired)

@@ -140,8 +140,9 @@ def _gpu_nodes(index: kopf.Index[str, GpuNode] | None) -> list[GpuNode]:
     return [node for _, store in (index or {}).items() for node in store]
 
 
-def _remember(state: OperatorState, memo: Any, gpu_nodes: kopf.Index[str, GpuNode],
-              decisions: kopf.Index[Key, dict[str, Any]]) -> None:
+def _remember(
+    state: OperatorState, memo: Any, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, dict[str, Any]]
+) -> None:
     """Keep the live indices and start the scheduler from the first resource handler that runs.
 
     Started here rather than at start-up: a task inherits its creator's context, and kopf.event() needs
@@ -244,11 +245,19 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
         async with lock:
             previous = state.last_status.get(uid) or _plain(body.get("status") or {})
             now = asyncio.get_running_loop().time()
-            held = frozenset(name for (namespace, name), (until, _) in state.name_backoff.items()
-                             if namespace == key[0] and until > now)
+            held = frozenset(
+                name
+                for (namespace, name), (until, _) in state.name_backoff.items()
+                if namespace == key[0] and until > now
+            )
             outcome = await reconcile(
-                body, nodes=nodes, api=state.api, previous_status=previous, policy=state.policy,
-                adopt=lambda child: kopf.adopt(child, owner=body), held=held,  # type: ignore[arg-type]
+                body,
+                nodes=nodes,
+                api=state.api,
+                previous_status=previous,
+                policy=state.policy,
+                adopt=lambda child: kopf.adopt(child, owner=body),
+                held=held,  # type: ignore[arg-type]
             )
             if outcome.status != previous:
                 await state.api.patch_decision_status(key[0], key[1], outcome.status)
@@ -280,8 +289,7 @@ def _back_off_taken_names(state: OperatorState, key: Key, conflicts: Iterable[st
         delay = retry_delay(tries)
         state.name_backoff[(key[0], name)] = (now + delay, tries + 1)
         state.schedule(key, delay)
-    for taken in [taken for taken, owner in state.waiting_for.items()
-                  if owner == key and taken[1] not in wanted]:
+    for taken in [taken for taken, owner in state.waiting_for.items() if owner == key and taken[1] not in wanted]:
         state.waiting_for.pop(taken, None)
         state.name_backoff.pop(taken, None)
 
@@ -335,22 +343,25 @@ async def _reconcile_for_handler(
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def resumed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
-                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
+async def resumed(
+    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
+) -> None:
     """Reconcile every ClefDecision found when the operator starts."""
     await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-async def created(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
-                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
+async def created(
+    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
+) -> None:
     """Reconcile a new ClefDecision."""
     await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def updated(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode],
-                  decisions: kopf.Index[Key, Any], **_: Any) -> None:
+async def updated(
+    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
+) -> None:
     """Reconcile a ClefDecision whose spec, labels or annotations changed."""
     await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
 
@@ -382,8 +393,12 @@ async def node_changed(
     state = _state(memo)
     _remember(state, memo, gpu_nodes, decisions)
     nodes = _gpu_nodes(gpu_nodes)
-    label_keys = {key for _, store in decisions.items() for body in store
-                  if (key := ((body.get("spec") or {}).get("nodePools") or {}).get("labelKey"))}
+    label_keys = {
+        key
+        for _, store in decisions.items()
+        for body in store
+        if (key := ((body.get("spec") or {}).get("nodePools") or {}).get("labelKey"))
+    }
     fingerprint = node_fingerprint(nodes, label_keys)
     if fingerprint == state.node_fingerprint:
         return
@@ -411,8 +426,11 @@ async def inferenceservice_changed(
     state = _state(memo)
     _remember(state, memo, gpu_nodes, decisions)
     owner = next(
-        (ref for ref in body.metadata.get("ownerReferences") or []
-         if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION),
+        (
+            ref
+            for ref in body.metadata.get("ownerReferences") or []
+            if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION
+        ),
         None,
     )
     targets: list[Key] = []

@@ -103,8 +103,12 @@ class KubeApi:
         """InferenceServices in ``namespace`` labelled as belonging to a ClefDecision."""
         try:
             result = await self._call(
-                "listing InferenceServices", self._custom.list_namespaced_custom_object,
-                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL,
+                "listing InferenceServices",
+                self._custom.list_namespaced_custom_object,
+                KSERVE_GROUP,
+                KSERVE_VERSION,
+                namespace,
+                KSERVE_PLURAL,
                 label_selector=f"{DECISION_LABEL}={decision_label}",
             )
         except ApiException as exc:
@@ -117,8 +121,13 @@ class KubeApi:
         """One InferenceService, or None when there is none of that name."""
         try:
             return await self._call(
-                f"reading {name}", self._custom.get_namespaced_custom_object,
-                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name,
+                f"reading {name}",
+                self._custom.get_namespaced_custom_object,
+                KSERVE_GROUP,
+                KSERVE_VERSION,
+                namespace,
+                KSERVE_PLURAL,
+                name,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -130,8 +139,13 @@ class KubeApi:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             return await self._call(
-                f"creating {name}", self._custom.create_namespaced_custom_object,
-                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, dict(body),
+                f"creating {name}",
+                self._custom.create_namespaced_custom_object,
+                KSERVE_GROUP,
+                KSERVE_VERSION,
+                namespace,
+                KSERVE_PLURAL,
+                dict(body),
             )
         except ApiException as exc:
             _raise_translated(exc, not_found=KServeNotInstalledError)
@@ -143,8 +157,14 @@ class KubeApi:
         """Apply a JSON patch to an InferenceService; ConflictError when its resourceVersion moved."""
         try:
             return await self._call(
-                f"updating {name}", self._custom.patch_namespaced_custom_object,
-                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name, list(ops),
+                f"updating {name}",
+                self._custom.patch_namespaced_custom_object,
+                KSERVE_GROUP,
+                KSERVE_VERSION,
+                namespace,
+                KSERVE_PLURAL,
+                name,
+                list(ops),
                 _content_type=JSON_PATCH,
             )
         except ApiException as exc:
@@ -155,8 +175,13 @@ class KubeApi:
         """Delete an InferenceService (already gone is fine)."""
         try:
             await self._call(
-                f"deleting {name}", self._custom.delete_namespaced_custom_object,
-                KSERVE_GROUP, KSERVE_VERSION, namespace, KSERVE_PLURAL, name,
+                f"deleting {name}",
+                self._custom.delete_namespaced_custom_object,
+                KSERVE_GROUP,
+                KSERVE_VERSION,
+                namespace,
+                KSERVE_PLURAL,
+                name,
                 propagation_policy="Background",
             )
         except ApiException as exc:
@@ -167,8 +192,14 @@ class KubeApi:
         """Merge-patch a ClefDecision's status subresource (a deleted ClefDecision is ignored)."""
         try:
             await self._call(
-                f"writing the status of {name}", self._custom.patch_namespaced_custom_object_status,
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
+                f"writing the status of {name}",
+                self._custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": dict(status)},
                 _content_type=MERGE_PATCH,
             )
         except ApiException as exc:

@@ -37,8 +37,12 @@ CHOSEN_BY_SPEC: frozenset[str] = frozenset({EXCLUDED, NOT_INCLUDED})
 # The node labels that can change a pool's decision: pool names, GPU Feature Discovery's GPU description.
 # Anything else (GFD's timestamp, cloud bookkeeping) is ignored, so relabelling it triggers no reconcile.
 GPU_LABELS: tuple[str, ...] = (
-    GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL, GPU_FAMILY_LABEL, GPU_COUNT_LABEL,
-    GPU_COMPUTE_MAJOR_LABEL, GPU_COMPUTE_MINOR_LABEL,
+    GPU_PRESENT_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_FAMILY_LABEL,
+    GPU_COUNT_LABEL,
+    GPU_COMPUTE_MAJOR_LABEL,
+    GPU_COMPUTE_MINOR_LABEL,
 )
 
 
@@ -119,8 +123,11 @@ def summarize_node(node: Mapping[str, Any]) -> GpuNode | None:
     has_gpu = gpus > 0 or labels.get(GPU_PRESENT_LABEL) == "true" or GPU_PRODUCT_LABEL in labels
     if not has_gpu:
         return None
-    kept = {key: value for key, value in labels.items()
-            if key in GPU_LABELS or not key.startswith(("nvidia.com/", "feature.node.kubernetes.io/"))}
+    kept = {
+        key: value
+        for key, value in labels.items()
+        if key in GPU_LABELS or not key.startswith(("nvidia.com/", "feature.node.kubernetes.io/"))
+    }
     return GpuNode(name=str(metadata.get("name", "")), labels=kept, gpus=gpus)
 
 
@@ -131,8 +138,7 @@ def node_fingerprint(nodes: Iterable[GpuNode], label_keys: Iterable[str]) -> fro
     """
     wanted = {*GPU_LABELS, *POOL_LABEL_KEYS, *label_keys}
     return frozenset(
-        (node.name, node.gpus, tuple(sorted((k, v) for k, v in node.labels.items() if k in wanted)))
-        for node in nodes
+        (node.name, node.gpus, tuple(sorted((k, v) for k, v in node.labels.items() if k in wanted))) for node in nodes
     )
 
 
@@ -162,8 +168,12 @@ def group_into_pools(
             declarations[(key, pool.name)] = pool
             members.setdefault((key, pool.name), [])
     pools = [
-        NodePool(name=name, label_key=key, nodes=tuple(sorted(group, key=lambda n: n.name)),
-                 declared=declarations.get((key, name)))
+        NodePool(
+            name=name,
+            label_key=key,
+            nodes=tuple(sorted(group, key=lambda n: n.name)),
+            declared=declarations.get((key, name)),
+        )
         for (key, name), group in sorted(members.items())
     ]
     return pools, sorted(unpooled)
@@ -186,8 +196,9 @@ def describe_gpu(pool: NodePool, min_capability: tuple[int, int]) -> tuple[GpuIn
     if not labelled and pool.declared is not None:
         capability = parse_capability(pool.declared.computeCapability)
         gpus = pool.declared.gpusPerNode or gpus
-    info = GpuInfo(product=",".join(products) or None, family=",".join(families) or None,
-                   capability=capability, gpus_per_node=gpus)
+    info = GpuInfo(
+        product=",".join(products) or None, family=",".join(families) or None, capability=capability, gpus_per_node=gpus
+    )
     return info, capable, unlabelled
 
 
@@ -213,26 +224,30 @@ def evaluate_pool(pool: NodePool, spec: ClefDecisionSpec) -> PoolDecision:
     if labelled and not capable:
         found = f"{gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else "unknown"
         product = f" ({gpu.product})" if gpu.product else ""
-        return refuse(COMPUTE_CAPABILITY_TOO_LOW,
-                      f"compute capability {found}{product} is below the required {required}")
+        return refuse(
+            COMPUTE_CAPABILITY_TOO_LOW, f"compute capability {found}{product} is below the required {required}"
+        )
     if gpu.gpus_per_node and gpus_per_replica > gpu.gpus_per_node:
-        return refuse(INSUFFICIENT_GPUS,
-                      f"a replica needs {gpus_per_replica} GPUs but the pool's nodes have {gpu.gpus_per_node}")
+        return refuse(
+            INSUFFICIENT_GPUS, f"a replica needs {gpus_per_replica} GPUs but the pool's nodes have {gpu.gpus_per_node}"
+        )
     if capable:
         variant = spec.best_variant(gpu.capability)
         found = f"{gpu.capability[0]}.{gpu.capability[1]}"  # type: ignore[index]
         message = f"compute capability {found} meets the required {required}"
         left_out = len(pool.nodes) - len(capable)
         if left_out:
-            message += (f"; {len(capable)} of {len(pool.nodes)} nodes can run it and node affinity keeps the "
-                        f"predictor on those")
+            message += (
+                f"; {len(capable)} of {len(pool.nodes)} nodes can run it and node affinity keeps the predictor on those"
+            )
         return PoolDecision(pool, True, ELIGIBLE, message, gpu, variant)
     if pool.declared is not None:
         declared = parse_capability(pool.declared.computeCapability)
         if declared < min_capability:
-            return refuse(COMPUTE_CAPABILITY_TOO_LOW,
-                          f"declared compute capability {pool.declared.computeCapability} is below the required "
-                          f"{required}")
+            return refuse(
+                COMPUTE_CAPABILITY_TOO_LOW,
+                f"declared compute capability {pool.declared.computeCapability} is below the required {required}",
+            )
         what = "no nodes yet" if not pool.nodes else f"nodes without GPU labels yet: {', '.join(unlabelled)}"
         message = f"declared with compute capability {pool.declared.computeCapability} ({what})"
         return PoolDecision(pool, True, DECLARED, message, gpu, spec.best_variant(declared))

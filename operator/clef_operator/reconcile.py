@@ -17,8 +17,16 @@ from typing import Any
 from clef_operator.builders import assign_names, build_inferenceservice, build_update_patch, drifted, label_value
 from clef_operator.constants import API_VERSION, KIND, POOL_ANNOTATION, POOL_LABEL_KEY_ANNOTATION
 from clef_operator.kube import ApiError, ConflictError, KServeNotInstalledError, KubeApi
-from clef_operator.pools import CHOSEN_BY_SPEC, NO_NODES, GpuInfo, GpuNode, NodePool, PoolDecision, evaluate_pool
-from clef_operator.pools import group_into_pools
+from clef_operator.pools import (
+    CHOSEN_BY_SPEC,
+    NO_NODES,
+    GpuInfo,
+    GpuNode,
+    NodePool,
+    PoolDecision,
+    evaluate_pool,
+    group_into_pools,
+)
 from clef_operator.spec import ClefDecisionSpec, InvalidSpecError, check_host_path, parse_spec
 from clef_operator.status import (
     CONFLICT,
@@ -154,10 +162,18 @@ async def reconcile(
     try:
         listed = await api.list_inferenceservices(namespace, label_value(name))
     except KServeNotInstalledError:
-        entries = [build_pool_status(d, state=PENDING if d.eligible else INELIGIBLE, isvc_name=None, isvc=None)
-                   for d in decisions.values()]
-        status = build_status(generation=generation, pools=entries, unpooled=unpooled, kserve_installed=False,
-                              previous=previous, now=stamp)
+        entries = [
+            build_pool_status(d, state=PENDING if d.eligible else INELIGIBLE, isvc_name=None, isvc=None)
+            for d in decisions.values()
+        ]
+        status = build_status(
+            generation=generation,
+            pools=entries,
+            unpooled=unpooled,
+            kserve_installed=False,
+            previous=previous,
+            now=stamp,
+        )
         return Outcome(status=status, events=_transition_events(previous, status), kserve_missing=True)
 
     owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -171,8 +187,17 @@ async def reconcile(
     taken = {key: sorted(obj["metadata"]["name"] for obj in objs)[0] for key, objs in owned.items()}
     names = assign_names(name, sorted(decisions), taken, spec.nodePools.labelKey)
     previous_entries = {(p.get("labelKey", ""), p.get("name", "")): p for p in previous.get("pools") or []}
-    run = _Pass(api=api, name=name, namespace=namespace, uid=uid, spec=spec, adopt=adopt, now=moment,
-                previous=previous_entries, held=held)
+    run = _Pass(
+        api=api,
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        spec=spec,
+        adopt=adopt,
+        now=moment,
+        previous=previous_entries,
+        held=held,
+    )
 
     entries: list[dict[str, Any]] = []
     for key in sorted(decisions):
@@ -190,11 +215,17 @@ async def reconcile(
 
     present = {pool.name for pool in pools}
     missing = [pool for pool in spec.nodePools.include if pool not in present]
-    status = build_status(generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp,
-                          missing=missing)
+    status = build_status(
+        generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp, missing=missing
+    )
     events = _transition_events(previous, status) + run.events
-    return Outcome(status=status, events=events, failed=run.failed, conflicts=run.conflicts,
-                   requeue_after=min(run.requeue) if run.requeue else None)
+    return Outcome(
+        status=status,
+        events=events,
+        failed=run.failed,
+        conflicts=run.conflicts,
+        requeue_after=min(run.requeue) if run.requeue else None,
+    )
 
 
 async def _serve(
@@ -202,37 +233,54 @@ async def _serve(
 ) -> dict[str, Any]:
     """Create or repair the InferenceService of an eligible pool; failures stay on this pool's entry."""
     pool = decision.pool
-    desired = build_inferenceservice(decision=run.name, namespace=run.namespace, pool=pool, spec=run.spec,
-                                     variant=decision.variant, verified=decision.gpu.capability is not None,
-                                     name=isvc_name)
+    desired = build_inferenceservice(
+        decision=run.name,
+        namespace=run.namespace,
+        pool=pool,
+        spec=run.spec,
+        variant=decision.variant,
+        verified=decision.gpu.capability is not None,
+        name=isvc_name,
+    )
     run.adopt(desired)
     size = len(json.dumps(desired, separators=(",", ":")).encode())
     limit = MAX_INFERENCESERVICE_BYTES
     if size > limit:  # never sent: the API server would refuse it on every retry
-        message = (f"the InferenceService built from this spec would take {size} bytes, more than the "
-                   f"{limit} the operator sends (the API server stores at most 1.5 MiB "
-                   "per object): shorten spec.affinity, spec.predictor.compileCache, env, envFrom or extraArgs")
+        message = (
+            f"the InferenceService built from this spec would take {size} bytes, more than the "
+            f"{limit} the operator sends (the API server stores at most 1.5 MiB "
+            "per object): shorten spec.affinity, spec.predictor.compileCache, env, envFrom or extraArgs"
+        )
         entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=message)
         run.warn_once(pool.key, entry, "InferenceServiceTooLarge", f"node pool {pool.name}: {message}")
         return entry
     before = run.previous.get(pool.key) or {}
     if current is None and isvc_name in run.held and before.get("state") == CONFLICT:
         run.conflicts.append(isvc_name)  # still backing off: no POST, the same report
-        return build_pool_status(decision, state=CONFLICT, isvc_name=isvc_name, isvc=None,
-                                 message=before.get("predictorMessage"), predictor_reason=before.get("predictorReason"))
+        return build_pool_status(
+            decision,
+            state=CONFLICT,
+            isvc_name=isvc_name,
+            isvc=None,
+            message=before.get("predictorMessage"),
+            predictor_reason=before.get("predictorReason"),
+        )
     try:
         if current is None:
             try:
                 current = await run.api.create_inferenceservice(desired)
             except ConflictError:
                 return await _collision(run, decision, isvc_name)
-            run.events.append(Event("Normal", "InferenceServiceCreated",
-                                    f"created {isvc_name} for node pool {pool.name}"))
+            run.events.append(
+                Event("Normal", "InferenceServiceCreated", f"created {isvc_name} for node pool {pool.name}")
+            )
         elif drifted(current, desired):
             current = await run.api.patch_inferenceservice(
-                run.namespace, isvc_name, build_update_patch(current, desired))
-            run.events.append(Event("Normal", "InferenceServiceUpdated",
-                                    f"updated {isvc_name} for node pool {pool.name}"))
+                run.namespace, isvc_name, build_update_patch(current, desired)
+            )
+            run.events.append(
+                Event("Normal", "InferenceServiceUpdated", f"updated {isvc_name} for node pool {pool.name}")
+            )
     except ApiError as exc:
         run.failed = True
         entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=str(exc))
@@ -246,19 +294,33 @@ async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict
     run.conflicts.append(isvc_name)
     holder = await run.api.get_inferenceservice(run.namespace, isvc_name)
     if holder is not None and _owned_by(holder, run.uid):  # our own, still being deleted: wait for it to go
-        return build_pool_status(decision, state=PENDING, isvc_name=isvc_name, isvc=None,
-                                 message=f"waiting for the previous {isvc_name} to finish deleting")
-    owner = next((ref for ref in ((holder or {}).get("metadata") or {}).get("ownerReferences") or []
-                  if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION), None)
+        return build_pool_status(
+            decision,
+            state=PENDING,
+            isvc_name=isvc_name,
+            isvc=None,
+            message=f"waiting for the previous {isvc_name} to finish deleting",
+        )
+    owner = next(
+        (
+            ref
+            for ref in ((holder or {}).get("metadata") or {}).get("ownerReferences") or []
+            if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION
+        ),
+        None,
+    )
     if owner is not None:
         reason = NAME_COLLISION
-        message = (f"the InferenceService name {isvc_name} is already used by ClefDecision {owner.get('name')} "
-                   "(rename one of the two ClefDecisions or pools)")
+        message = (
+            f"the InferenceService name {isvc_name} is already used by ClefDecision {owner.get('name')} "
+            "(rename one of the two ClefDecisions or pools)"
+        )
     else:
         reason = NAME_TAKEN
         message = f"an InferenceService named {isvc_name} exists and is not owned by this ClefDecision"
-    entry = build_pool_status(decision, state=CONFLICT, isvc_name=isvc_name, isvc=None, message=message,
-                              predictor_reason=reason)
+    entry = build_pool_status(
+        decision, state=CONFLICT, isvc_name=isvc_name, isvc=None, message=message, predictor_reason=reason
+    )
     run.warn_once(decision.pool.key, entry, reason, f"node pool {decision.pool.name}: {message}")
     return entry
 
@@ -270,27 +332,44 @@ async def _withdraw(run: _Pass, decision: PoolDecision, current: Mapping[str, An
     """
     pool = decision.pool
     if current is None:
-        return None if not pool.nodes and decision.reason == NO_NODES else build_pool_status(
-            decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+        return (
+            None
+            if not pool.nodes and decision.reason == NO_NODES
+            else build_pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+        )
     isvc_name = current["metadata"]["name"]
     before = run.previous.get(pool.key) or {}
     since = parse_time(before.get("degradedSince")) if before.get("state") == DEGRADED else None
     since = since or run.now
     removal = since + datetime.timedelta(seconds=run.spec.nodePools.removal_grace_seconds)
     if decision.reason in CHOSEN_BY_SPEC or run.now >= removal:
-        why = decision.message if decision.reason in CHOSEN_BY_SPEC else (
-            f"{decision.message} since {format_time(since)}")
+        why = (
+            decision.message
+            if decision.reason in CHOSEN_BY_SPEC
+            else (f"{decision.message} since {format_time(since)}")
+        )
         error = await _delete(run, pool.key, current, f"node pool {pool.name}: {why}")
         if error is not None:
             return build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=error)
         return None if not pool.nodes else build_pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
     run.requeue.append((removal - run.now).total_seconds())
-    entry = build_pool_status(decision, state=DEGRADED, isvc_name=isvc_name, isvc=current,
-                              degraded_since=format_time(since), removal_at=format_time(removal))
+    entry = build_pool_status(
+        decision,
+        state=DEGRADED,
+        isvc_name=isvc_name,
+        isvc=current,
+        degraded_since=format_time(since),
+        removal_at=format_time(removal),
+    )
     if before.get("state") != DEGRADED:
-        run.events.append(Event("Warning", "PoolDegraded",
-                                f"node pool {pool.name}: {decision.message}; {isvc_name} is kept until "
-                                f"{format_time(removal)} unless the pool recovers"))
+        run.events.append(
+            Event(
+                "Warning",
+                "PoolDegraded",
+                f"node pool {pool.name}: {decision.message}; {isvc_name} is kept until "
+                f"{format_time(removal)} unless the pool recovers",
+            )
+        )
     return entry
 
 

@@ -47,10 +47,30 @@ Quantization = Literal["nvfp4", "fp8", "bf16"]
 # Kubernetes volume sources a compile cache may use: the writable ones (configMap, secret, downwardAPI,
 # projected and image volumes are read-only; gitRepo is deprecated).
 CACHE_VOLUME_SOURCES: tuple[str, ...] = (
-    "emptyDir", "ephemeral", "hostPath", "persistentVolumeClaim", "nfs", "csi",
-    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "fc", "flexVolume", "flocker",
-    "gcePersistentDisk", "glusterfs", "iscsi", "photonPersistentDisk", "portworxVolume", "quobyte", "rbd",
-    "scaleIO", "storageos", "vsphereVolume",
+    "emptyDir",
+    "ephemeral",
+    "hostPath",
+    "persistentVolumeClaim",
+    "nfs",
+    "csi",
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "iscsi",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
 )
 DEFAULT_COMPILE_CACHE: dict[str, Any] = {"emptyDir": {}}
 
@@ -245,8 +265,9 @@ class Predictor(_Model):
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
     resources: dict[Literal["requests", "limits"], dict[str, Quantity]] = Field(default_factory=dict)
     maxModelLen: int = Field(default=8192, ge=256, le=1_048_576)
-    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(default_factory=list,
-                                                                             max_length=MAX_EXTRA_ARGS)
+    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_EXTRA_ARGS
+    )
     shmSize: str = Field(default=DEFAULT_SHM_SIZE, pattern=QUANTITY_PATTERN)
     startupProbe: StartupBudget = Field(default_factory=StartupBudget)
     compileCache: dict[str, Any] = Field(default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE))
@@ -258,18 +279,23 @@ class Predictor(_Model):
     @classmethod
     def _one_volume_source(cls, value: dict[str, Any]) -> dict[str, Any]:
         if "name" in value:
-            raise ValueError(f"name is set by the operator (the volume is always named {COMPILE_CACHE_VOLUME}); "
-                             "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}")
+            raise ValueError(
+                f"name is set by the operator (the volume is always named {COMPILE_CACHE_VOLUME}); "
+                "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}"
+            )
         if len(value) != 1:
             found = ", ".join(sorted(value)) or "none"
-            raise ValueError(f"must name exactly one volume source (e.g. persistentVolumeClaim, hostPath, "
-                             f"emptyDir), found {len(value)}: {found}")
+            raise ValueError(
+                f"must name exactly one volume source (e.g. persistentVolumeClaim, hostPath, "
+                f"emptyDir), found {len(value)}: {found}"
+            )
         ((source, settings),) = value.items()
         if source not in CACHE_VOLUME_SOURCES:
-            raise ValueError(f"{source!r} is not a writable Kubernetes volume source; use one of "
-                             f"{', '.join(CACHE_VOLUME_SOURCES)}")
+            raise ValueError(
+                f"{source!r} is not a writable Kubernetes volume source; use one of {', '.join(CACHE_VOLUME_SOURCES)}"
+            )
         if not isinstance(settings, dict):  # pydantic turns ValueError, not TypeError, into a field error
-            raise ValueError(f"{source} must be an object (e.g. {{}}), not {type(settings).__name__}")  # noqa: TRY004
+            raise ValueError(f"{source} must be an object (e.g. {{}}), not {type(settings).__name__}")
         return value
 
     @field_validator("extraArgs")
@@ -306,8 +332,9 @@ class ClefDecisionSpec(_Model):
     def _consistent(self) -> ClefDecisionSpec:
         floor = QUANTIZATION_FLOOR[self.quantization]
         if self.model.storageUri is not None and parse_capability(self.minComputeCapability) < floor:
-            raise ValueError(f"minComputeCapability must be at least {floor[0]}.{floor[1]} "
-                             f"when quantization is {self.quantization}")
+            raise ValueError(
+                f"minComputeCapability must be at least {floor[0]}.{floor[1]} when quantization is {self.quantization}"
+            )
         names = [override.name for override in self.poolOverrides]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -316,16 +343,23 @@ class ClefDecisionSpec(_Model):
         if excluded:
             raise ValueError(f"poolOverrides names a pool that nodePools.exclude excludes: {', '.join(excluded)}")
         if "requiredDuringSchedulingIgnoredDuringExecution" in (self.affinity.get("nodeAffinity") or {}):
-            raise ValueError("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "
-                             "operator (pool and compute capability); use preferred node affinity or pod affinity")
+            raise ValueError(
+                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "
+                "operator (pool and compute capability); use preferred node affinity or pod affinity"
+            )
         return self
 
     @property
     def variants(self) -> list[Variant]:
         """The releases to choose from, best format first (one, from storageUri, for a single-release spec)."""
         if self.model.storageUri is not None:
-            return [Variant(quantization=self.quantization, storageUri=self.model.storageUri,
-                            minComputeCapability=self.minComputeCapability)]
+            return [
+                Variant(
+                    quantization=self.quantization,
+                    storageUri=self.model.storageUri,
+                    minComputeCapability=self.minComputeCapability,
+                )
+            ]
         return sorted(self.model.variants, key=lambda variant: QUANTIZATIONS.index(variant.quantization))
 
     @property
@@ -344,8 +378,11 @@ class ClefDecisionSpec(_Model):
         override = self._override(pool)
         if override and override.replicas is not None:
             return override.replicas, override.replicas
-        low, high = (self.autoscaling.minReplicas, self.autoscaling.maxReplicas) if self.autoscaling else (
-            self.replicas, self.replicas)
+        low, high = (
+            (self.autoscaling.minReplicas, self.autoscaling.maxReplicas)
+            if self.autoscaling
+            else (self.replicas, self.replicas)
+        )
         if override and override.minReplicas is not None:
             low = override.minReplicas
         if override and override.maxReplicas is not None:
@@ -394,11 +431,14 @@ def check_host_path(spec: ClefDecisionSpec, allowed_prefixes: tuple[str, ...]) -
     where = "spec.predictor.compileCache.hostPath.path"
     path = str(host_path.get("path", ""))
     if not allowed_prefixes:
-        raise InvalidSpecError(f"{where}: hostPath compile caches are disabled on this operator "
-                               "(the chart's operator.hostPathCachePrefixes enables them under given folders)")
+        raise InvalidSpecError(
+            f"{where}: hostPath compile caches are disabled on this operator "
+            "(the chart's operator.hostPathCachePrefixes enables them under given folders)"
+        )
     normal = os.path.normpath(path)
     if not path.startswith("/") or not any(
-            normal == prefix.rstrip("/") or normal.startswith(prefix.rstrip("/") + "/") for prefix in allowed_prefixes):
+        normal == prefix.rstrip("/") or normal.startswith(prefix.rstrip("/") + "/") for prefix in allowed_prefixes
+    ):
         raise InvalidSpecError(f"{where}: {path!r} is not under an allowed prefix ({', '.join(allowed_prefixes)})")
 
 

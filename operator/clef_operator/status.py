@@ -141,8 +141,11 @@ def build_status(
     else:
         pools_cond = _pools_condition(pools, eligible, degraded, unpooled)
         if missing:  # named in spec.nodePools.include, found nowhere
-            pools_cond = (pools_cond[0], pools_cond[1], f"{pools_cond[2]}; spec.nodePools.include names pools "
-                          f"that no GPU node carries: {', '.join(missing)}")
+            pools_cond = (
+                pools_cond[0],
+                pools_cond[1],
+                f"{pools_cond[2]}; spec.nodePools.include names pools that no GPU node carries: {', '.join(missing)}",
+            )
         predictors_cond = _predictors_condition(eligible, ready, kserve_installed)
         if pools_cond[0] == "True" and predictors_cond[0] == "True":
             ready_cond = ("True", READY, f"{len(ready)}/{len(eligible)} predictors ready")
@@ -171,8 +174,9 @@ def _pools_condition(
     degraded: Sequence[Mapping[str, Any]],
     unpooled: Sequence[str],
 ) -> tuple[str, str, str]:
-    held = "; ".join(f"{pool['name']} degraded ({pool['reason']}), kept until {pool.get('removalAt')}"
-                     for pool in degraded)
+    held = "; ".join(
+        f"{pool['name']} degraded ({pool['reason']}), kept until {pool.get('removalAt')}" for pool in degraded
+    )
     if not eligible and degraded:
         return "False", "PoolsDegraded", held
     if not pools:
@@ -194,17 +198,24 @@ def _predictors_condition(
     eligible: Sequence[Mapping[str, Any]], ready: Sequence[Mapping[str, Any]], kserve_installed: bool
 ) -> tuple[str, str, str]:
     if not kserve_installed:
-        return "False", KSERVE_NOT_INSTALLED, (
-            "the InferenceService resource (serving.kserve.io/v1beta1) is not served by this cluster; "
-            "install KServe, the operator retries with backoff"
+        return (
+            "False",
+            KSERVE_NOT_INSTALLED,
+            (
+                "the InferenceService resource (serving.kserve.io/v1beta1) is not served by this cluster; "
+                "install KServe, the operator retries with backoff"
+            ),
         )
     if not eligible:
         return "False", "NoPredictors", "no eligible node pool, so no InferenceService"
     failing = [pool for pool in eligible if pool.get("state") in (FAILED, CONFLICT)]
     if failing:
         details = "; ".join(f"{pool['name']}: {pool.get('predictorMessage', '')}" for pool in failing)
-        reason = POOL_FAILED if any(pool["state"] == FAILED for pool in failing) else str(
-            failing[0].get("predictorReason", CONFLICT))
+        reason = (
+            POOL_FAILED
+            if any(pool["state"] == FAILED for pool in failing)
+            else str(failing[0].get("predictorReason", CONFLICT))
+        )
         return "False", reason, f"{len(ready)}/{len(eligible)} InferenceServices ready; failing: {details}"
     if len(ready) == len(eligible):
         return "True", "AllPredictorsReady", f"{len(ready)}/{len(eligible)} InferenceServices ready"

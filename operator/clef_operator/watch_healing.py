@@ -108,15 +108,17 @@ async def continuous_watch(
         delay = backoff(stream.failures)
         stream.failures += 1
         where = f"in {namespace!r}" if namespace is not None else "cluster-wide"
-        LOGGER.warning("watch of %s %s failed (%s: %s); listing again in %.1f s",
-                       resource, where, type(exc).__name__, exc, delay)
+        LOGGER.warning(
+            "watch of %s %s failed (%s: %s); listing again in %.1f s", resource, where, type(exc).__name__, exc, delay
+        )
         stream.touch()
         await asyncio.sleep(delay)
         stream.touch()
 
 
-async def watch_objs(*, settings: kopf.OperatorSettings, resource: Any, namespace: str | None,
-                     **kwargs: Any) -> AsyncIterator[Any]:
+async def watch_objs(
+    *, settings: kopf.OperatorSettings, resource: Any, namespace: str | None, **kwargs: Any
+) -> AsyncIterator[Any]:
     """kopf's single watch request, recording the (re)connection as progress of its stream."""
     streams(settings).setdefault((str(resource), namespace), StreamHealth()).touch()
     async for item in _original_watch_objs(settings=settings, resource=resource, namespace=namespace, **kwargs):
@@ -125,8 +127,11 @@ async def watch_objs(*, settings: kopf.OperatorSettings, resource: Any, namespac
 
 def stale_streams(settings: kopf.OperatorSettings, now: float, limit: float) -> list[str]:
     """The streams that made no progress (list, event, new watch request, retry) in the last ``limit`` s."""
-    return [f"{resource}" + (f" in {namespace}" if namespace else "")
-            for (resource, namespace), stream in streams(settings).items() if now - stream.progress > limit]
+    return [
+        f"{resource}" + (f" in {namespace}" if namespace else "")
+        for (resource, namespace), stream in streams(settings).items()
+        if now - stream.progress > limit
+    ]
 
 
 def install() -> None:

@@ -51,4 +51,6 @@ ANSWER_CACHE = Counter(
     "prompt), merged (an identical prompt was in flight), miss.",
     ["outcome"],
 )
-ANSWER_CACHE_BYTES = Gauge("clef_answer_cache_bytes", "Bytes held by the answer cache (--answer-cache-bytes bounds it).")
+ANSWER_CACHE_BYTES = Gauge(
+    "clef_answer_cache_bytes", "Bytes held by the answer cache (--answer-cache-bytes bounds it)."
+)

@@ -25,7 +25,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINE_CHOICES = ("auto", "vllm", "transformers")
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32, "float": torch.float32}
+TORCH_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 
 __all__ = ["ENGINE_CHOICES", "Engine", "EngineDead", "build_engine", "choose_engine"]
 
@@ -36,9 +42,7 @@ def _plugin_ready() -> bool:
     return all(hasattr(clef_plugin, name) for name in ("engine_kwargs", "pooling_params", "option_logits"))
 
 
-def choose_engine(
-    requested: str, vllm_available: bool | None = None, gpu_count: int | None = None
-) -> tuple[str, str]:
+def choose_engine(requested: str, vllm_available: bool | None = None, gpu_count: int | None = None) -> tuple[str, str]:
     """The engine to build for ``requested`` and why.
 
     ``auto`` is vLLM when vLLM (with the clef plugin) is installed and a GPU is visible, else the

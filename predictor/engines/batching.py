@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -101,7 +102,7 @@ class MicroBatcher(Generic[T, R]):
                     continue
                 try:
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             live = [(item, future) for item, future in batch if not future.done()]
             if not live:

@@ -60,7 +60,12 @@ def add_engine_args(parser: argparse.ArgumentParser, vllm_flags: bool = True) ->
         "engine", "the transformers engine's flags only (vLLM is not installed, or --engine transformers)"
     )
     group.add_argument(
-        "--data-parallel-size", "--dp", "-dp", dest="data_parallel_size", type=int, default=1,
+        "--data-parallel-size",
+        "--dp",
+        "-dp",
+        dest="data_parallel_size",
+        type=int,
+        default=1,
         help="data-parallel engines (one per GPU, or N on the CPU) behind one port",
     )
     group.add_argument("--max-model-len", type=int, default=None, help="longest prompt in tokens")

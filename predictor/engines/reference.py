@@ -6,8 +6,9 @@ and is the baseline the vLLM path must match and beat.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

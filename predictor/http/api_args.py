@@ -55,11 +55,15 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         "--host", default=DEFAULTS.host, help="address to listen on (0.0.0.0 in a container or to serve other hosts)"
     )
     group.add_argument(
-        "--drain-timeout", type=int, default=20,
+        "--drain-timeout",
+        type=int,
+        default=20,
         help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
     )
     group.add_argument(
-        "--shutdown-delay", type=float, default=5.0,
+        "--shutdown-delay",
+        type=float,
+        default=5.0,
         help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
         "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )

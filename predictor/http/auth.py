@@ -13,9 +13,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from predictor.http.errors import AUTHENTICATION, ApiError
 

@@ -8,8 +8,9 @@ only the message. Field-level validation errors are 422, as in FastAPI and the h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from http import HTTPStatus
-from typing import Any, Sequence
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError

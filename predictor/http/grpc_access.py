@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc import aio

@@ -31,7 +31,9 @@ def health_router(lifecycle: Lifecycle) -> APIRouter:
     router = APIRouter()
 
     async def live() -> JSONResponse:
-        return JSONResponse({"status": "alive" if lifecycle.live else Phase.ENGINE_DEAD.value}, 200 if lifecycle.live else 503)
+        return JSONResponse(
+            {"status": "alive" if lifecycle.live else Phase.ENGINE_DEAD.value}, 200 if lifecycle.live else 503
+        )
 
     async def health() -> JSONResponse:
         body: dict[str, str] = {"status": lifecycle.phase.value}

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, Callable
+from typing import Any
 
 from predictor.core.errors import TooLarge
 from predictor.http.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
@@ -95,7 +96,7 @@ class RequestBodyMiddleware:
                 raise _too_large(self.max_body_bytes)
             try:
                 body = await asyncio.wait_for(self._read(receive), self.body_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ApiError(
                     HTTPStatus.REQUEST_TIMEOUT,
                     TIMEOUT,

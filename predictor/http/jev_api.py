@@ -12,7 +12,8 @@ items are submitted to the engine together. Bodies are read, validated and encod
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -58,7 +59,11 @@ def system_one_routes(router: APIRouter | FastAPI, service: SystemOneService, ma
         "/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None, tags=["Jev"]
     )
     router.add_api_route(
-        "/v1/systemone/batch", batch_handler(service, max_batch_items), methods=["POST"], response_model=None, tags=["Jev"]
+        "/v1/systemone/batch",
+        batch_handler(service, max_batch_items),
+        methods=["POST"],
+        response_model=None,
+        tags=["Jev"],
     )
 
 

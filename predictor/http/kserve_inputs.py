@@ -20,8 +20,18 @@ from predictor.http.errors import ApiError, bad_request
 HEADER_LENGTH = "inference-header-content-length"
 #: Bytes per element of the fixed-size V2 datatypes (BYTES elements carry their own 4-byte lengths).
 ITEM_BYTES = {
-    "BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
-    "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8,
+    "BOOL": 1,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "FP16": 2,
+    "FP32": 4,
+    "FP64": 8,
 }
 #: Elements one input may declare (its shape's product).
 MAX_ELEMENTS = 1 << 20
@@ -88,7 +98,9 @@ def _check_input(tensor: Any, index: int, body: bytes, offset: int) -> int:
             raise bad_request(f"holds {count} BYTES elements but the shape {shape} needs {elements}", param)
     elif datatype in ITEM_BYTES:
         if size != elements * ITEM_BYTES[datatype]:
-            raise bad_request(f"is {size} bytes but the shape {shape} of {datatype} needs {elements * ITEM_BYTES[datatype]}", param)
+            raise bad_request(
+                f"is {size} bytes but the shape {shape} of {datatype} needs {elements * ITEM_BYTES[datatype]}", param
+            )
     else:
         raise bad_request(f"{datatype!r} is not a V2 datatype", f"{where}.datatype")
     return offset + size

@@ -15,7 +15,8 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from predictor.core import metrics
 from predictor.serving.request_record import RequestRecord, current_record
@@ -73,7 +74,10 @@ class RequestObserverMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = request_id_of(scope["headers"])
-        id_headers = [(REQUEST_ID_HEADER.encode(), request_id.encode()), (SDK_REQUEST_ID_HEADER.encode(), request_id.encode())]
+        id_headers = [
+            (REQUEST_ID_HEADER.encode(), request_id.encode()),
+            (SDK_REQUEST_ID_HEADER.encode(), request_id.encode()),
+        ]
         status = 500
 
         async def send_with_id(message: dict[str, Any]) -> None:

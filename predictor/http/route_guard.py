@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 from http import HTTPStatus
-from typing import Any, Callable, Collection
+from typing import Any
 
 from predictor.core.errors import quoted
 from predictor.http.errors import NOT_FOUND, ApiError

@@ -27,9 +27,10 @@ import asyncio
 import gc
 import resource
 import struct
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import h11
@@ -88,9 +89,17 @@ def framing_conflict(headers: list[tuple[bytes, bytes]]) -> bool:
 async def refuse_framing(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
     """400 and ``Connection: close``: nothing after this request's headers is read as another request."""
     body = orjson.dumps(bad_request("a request may not have both Content-Length and Transfer-Encoding").body())
-    await send({"type": "http.response.start", "status": 400, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
-    ]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -117,8 +126,11 @@ class HeaderDeadlineProtocol(H11Protocol):
         if over and scope["type"] == "http":
             probe = scope["method"] in OPEN_METHODS and OPEN_PATHS.match(scope["path"]) is not None
             if not probe or len(self.tasks) > limit + PROBE_RESERVE:
-                busy = Unavailable(f"the server holds --max-connections {limit} connections; retry shortly",
-                                   "overloaded", OVERLOADED_RETRY_AFTER_S)
+                busy = Unavailable(
+                    f"the server holds --max-connections {limit} connections; retry shortly",
+                    "overloaded",
+                    OVERLOADED_RETRY_AFTER_S,
+                )
                 refusal = from_service_error(busy)
                 refusal.headers["Connection"] = "close"  # frees a place for the next client
                 await refusal.response()(scope, receive, send)
@@ -198,7 +210,9 @@ class ErrorStatusInterceptor(ExceptionToStatusInterceptor):
             code, message = grpc_status(ex)
             await context.abort(code, message)
         if method_name.endswith("/ModelInfer") and isinstance(ex, (struct.error, ValueError)):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the input tensors cannot be decoded: {str(ex)[:200]}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the input tensors cannot be decoded: {str(ex)[:200]}"
+            )
         await super().handle_exception(ex, request_or_iterator, context, method_name)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from predictor.core.errors import Unavailable
 from predictor.http.errors import from_service_error
@@ -76,8 +77,9 @@ class GracefulShutdown:
             if not exchange.cut or exchange.started:
                 raise
             task.uncancel()
-            error = Unavailable("the server is shutting down; retry on another replica", "draining",
-                                RETRY_AFTER_S["draining"])
+            error = Unavailable(
+                "the server is shutting down; retry on another replica", "draining", RETRY_AFTER_S["draining"]
+            )
             await from_service_error(error).response()(scope, receive, send)
         finally:
             del self._in_flight[task]
@@ -94,7 +96,8 @@ class GracefulShutdown:
         self.lifecycle.enter(Phase.DRAINING)
         log.info(
             "SIGTERM: not ready; new requests get 503 for %.1fs, then %.1fs to finish requests in flight",
-            self.delay_s, self.drain_s,
+            self.delay_s,
+            self.drain_s,
         )
         assert self._loop is not None
         self._loop.call_later(self.delay_s, self._hand_over, signum, frame)

@@ -17,7 +17,8 @@ import asyncio
 import json
 from array import array
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
 
 import torch
 

@@ -19,10 +19,11 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from predictor.core.errors import Unavailable
 from predictor.serving import prepare
@@ -155,7 +156,8 @@ class EncodePool:
         except BrokenProcessPool as exc:
             self._replace(pool)
             raise Unavailable(
-                "an encode worker process died while preparing this request; retry", "encoder_died",
+                "an encode worker process died while preparing this request; retry",
+                "encoder_died",
                 ENCODER_DIED_RETRY_AFTER_S,
             ) from exc
 

@@ -12,7 +12,8 @@ import asyncio
 import enum
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from predictor.core import metrics
 from predictor.core.errors import Unavailable
@@ -163,7 +164,7 @@ class EngineWatchdog:
                 return
             try:
                 await asyncio.wait_for(self._wake.wait(), self.period_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
 

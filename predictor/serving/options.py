@@ -6,9 +6,9 @@ The server (:class:`predictor.model.ClefModel`) and the load tool's in-process m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor.engines.base import Engine

@@ -11,9 +11,10 @@ either way. Nothing here imports torch, transformers or an engine.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 

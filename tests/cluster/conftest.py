@@ -34,14 +34,16 @@ def kube(cluster: Cluster) -> Kube:
 @pytest.fixture(scope="session")
 def installed_chart(kube: Kube) -> dict[str, Any]:
     """``helm install`` of charts/clef-serving (default values) into clef-system, waited for; its manifest."""
-    kube.helm("install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait",
-              "--timeout=3m")
+    kube.helm(
+        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
+    )
     return {"release": RELEASE, "namespace": SYSTEM_NS}
 
 
 @pytest.fixture(scope="session")
-def operator(kube: Kube, installed_chart: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Operator]:
+def operator(
+    kube: Kube, installed_chart: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
     """The operator, running for the session (tests may kill and restart it)."""
     running = Operator(kube, tmp_path_factory.mktemp("operator"))
     running.start()
@@ -56,5 +58,8 @@ def readme_decision(kube: Kube, operator: Operator) -> dict[str, Any]:
     """The README's ClefDecision applied with kubectl into ml-serving, waited for until Ready."""
     namespace(kube, README_NS)
     kube.run("apply", f"--namespace={README_NS}", "-f", str(EXAMPLE))
-    return eventually(lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
-                      "the README's ClefDecision to be Ready", timeout=180)
+    return eventually(
+        lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
+        "the README's ClefDecision to be Ready",
+        timeout=180,
+    )

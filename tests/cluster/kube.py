@@ -55,8 +55,7 @@ class Kube:
             pytest.fail(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done
 
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
-            selector: str | None = None) -> Any:
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None, selector: str | None = None) -> Any:
         """An object (None when absent) or, without a name, the list's items."""
         args = ["get", kind, *([name] if name else []), "-o", "json"]
         args += [f"--namespace={namespace}"] if namespace else ["--all-namespaces"] if not name else []
@@ -75,8 +74,13 @@ class Kube:
 
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
         """helm ``args`` against the cluster; fails the test with helm's message on failure."""
-        done = subprocess.run([str(HELM), f"--kubeconfig={self.cluster.kubeconfig}", *args], capture_output=True,
-                              text=True, check=False, timeout=300)
+        done = subprocess.run(
+            [str(HELM), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
         if done.returncode:
             pytest.fail(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
         return done
@@ -97,9 +101,15 @@ class Operator:
         token = self.kube.run("create", "token", SERVICE_ACCOUNT, f"--namespace={SYSTEM_NS}", "--duration=2h").stdout
         cluster = self.kube.cluster
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-            "clusters": [{"name": "clef", "cluster": {"server": cluster.server,
-                                                      "certificate-authority": str(cluster.folder / "pki/ca.crt")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "operator",
+            "clusters": [
+                {
+                    "name": "clef",
+                    "cluster": {"server": cluster.server, "certificate-authority": str(cluster.folder / "pki/ca.crt")},
+                }
+            ],
             "users": [{"name": "operator", "user": {"token": token.strip()}}],
             "contexts": [{"name": "operator", "context": {"cluster": "clef", "user": "operator"}}],
         }
@@ -127,8 +137,9 @@ class Operator:
             field = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
             env[item["name"]] = item["value"] if "value" in item else pod_fields[field]
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "clef_operator", *args], env=env,
-                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "clef_operator", *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+            )
 
     def kill(self) -> None:
         """SIGKILL the operator (no clean-up of any kind) and wait for it to be gone."""

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import yaml
-from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
-from clef_operator.pools import GPU_LABELS, evaluate_pool, group_into_pools, summarize_node
-from clef_operator.spec import parse_spec
 from cryptography import x509
 
 from clef_cluster import nodes, pki
 from clef_cluster.processes import start, stop
+from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
+from clef_operator.pools import GPU_LABELS, evaluate_pool, group_into_pools, summarize_node
+from clef_operator.spec import parse_spec
 from tests.cluster.helpers import FP8_POOLS, TOO_OLD_POOLS
 from tests.cluster.kube import EXAMPLE
 

@@ -76,8 +76,10 @@ def test_too_old_pools_get_nothing_and_say_why(kube: Kube, served: dict[str, Any
 
 
 def test_one_inferenceservice_per_eligible_pool_owned_by_the_decision(kube: Kube, served: dict[str, Any]) -> None:
-    isvcs = {i["metadata"]["name"]: i for i in kube.get("inferenceservices", namespace=NS,
-                                                          selector=f"{DECISION_LABEL}=clef-flash")}
+    isvcs = {
+        i["metadata"]["name"]: i
+        for i in kube.get("inferenceservices", namespace=NS, selector=f"{DECISION_LABEL}=clef-flash")
+    }
     assert set(isvcs) == {f"clef-flash-{pool}" for pool in FP8_POOLS}
     for isvc in isvcs.values():
         (owner,) = isvc["metadata"]["ownerReferences"]
@@ -92,8 +94,10 @@ def test_kserve_runs_the_predictor_on_the_pool_nodes_only(kube: Kube, served: di
     assert kube.get("deployment", f"{isvc}-predictor", NS) is not None, f"KServe made no Deployment for {isvc}"
     # KServe calls an InferenceService Ready once its Deployment is Available (here: 1 of 2 replicas for the
     # 2-replica pool), so the last replica may still be starting when the ClefDecision turns Ready.
-    eventually(lambda: kube.get("deployment", f"{isvc}-predictor", NS)["status"].get("readyReplicas") == replicas,
-               f"{replicas} ready replicas of {isvc}")
+    eventually(
+        lambda: kube.get("deployment", f"{isvc}-predictor", NS)["status"].get("readyReplicas") == replicas,
+        f"{replicas} ready replicas of {isvc}",
+    )
     pods = pods_of(kube, isvc, NS)
     assert len(pods) == replicas
     for pod in pods:

@@ -27,7 +27,8 @@ def hopper(name: str) -> GpuPool:
 def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
     """A ClefDecision serving FP8 on the named pools of this module's label key."""
     return {
-        "apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
         "metadata": {"name": name, "namespace": name},
         "spec": {
             "model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"},
@@ -97,8 +98,12 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
     wait_serving(kube, "life-replaced", "replaced")
     isvc = kube.get("inferenceservice", "life-replaced-replaced", "life-replaced")
     remove_nodes(kube, pool.node_name(0))
-    degraded = eventually(lambda: (e := pool_status(get_decision(kube, "life-replaced")).get("replaced"))
-                          and e["state"] == "Degraded" and e, "the pool to be Degraded")
+    degraded = eventually(
+        lambda: (
+            (e := pool_status(get_decision(kube, "life-replaced")).get("replaced")) and e["state"] == "Degraded" and e
+        ),
+        "the pool to be Degraded",
+    )
     assert degraded["reason"] == "NoNodes" and "removalAt" in degraded
     kube.apply(pool.node(1))
     entry = wait_serving(kube, "life-replaced", "replaced")
@@ -110,8 +115,7 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
     assert pod["spec"]["nodeName"] == pool.node_name(1)
 
 
-def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
-                                                nodes_to_remove: list[str]) -> None:
+def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
     pools = [hopper(f"kill-{i}") for i in range(3)]
     for pool in pools:
         kube.apply(pool.node(0))
@@ -119,8 +123,7 @@ def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
     operator.kill()
     start(kube, "life-kill", [p.name for p in pools])
     operator.start()
-    eventually(lambda: kube.get("inferenceservices", namespace="life-kill"), "a first InferenceService",
-               timeout=60)
+    eventually(lambda: kube.get("inferenceservices", namespace="life-kill"), "a first InferenceService", timeout=60)
     operator.kill()
     operator.start()
     for pool in pools:
@@ -136,21 +139,34 @@ def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: 
     start(kube, "life-edit", ["edited"])
     wait_serving(kube, "life-edit", "edited")
     name = "life-edit-edited"
-    kube.run("patch", "inferenceservice", name, "-n", "life-edit", "--type=merge",
-             "-p", '{"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}')
+    kube.run(
+        "patch",
+        "inferenceservice",
+        name,
+        "-n",
+        "life-edit",
+        "--type=merge",
+        "-p",
+        '{"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}',
+    )
 
     def reverted() -> bool:
         predictor = kube.get("inferenceservice", name, "life-edit")["spec"]["predictor"]
         return predictor.get("minReplicas") == 1 and predictor.get("maxReplicas") == 1
 
     eventually(reverted, "the operator to revert the hand edit")
-    eventually(lambda: len(pods_of(kube, name, "life-edit")) == 1
-               and kube.get("deployment", f"{name}-predictor", "life-edit")["spec"]["replicas"] == 1,
-               "KServe's Deployment back at 1 replica")
+    eventually(
+        lambda: (
+            len(pods_of(kube, name, "life-edit")) == 1
+            and kube.get("deployment", f"{name}-predictor", "life-edit")["spec"]["replicas"] == 1
+        ),
+        "KServe's Deployment back at 1 replica",
+    )
 
 
-def test_a_crashing_predictor_makes_the_decision_not_ready(kube: Kube, operator: Operator,
-                                                          nodes_to_remove: list[str]) -> None:
+def test_a_crashing_predictor_makes_the_decision_not_ready(
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     pool = hopper("crash")
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
@@ -172,8 +188,9 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(kube: Kube, operator:
     wait_serving(kube, "life-crash", "crash")
 
 
-def test_decision_deleted_while_the_operator_is_down(kube: Kube, operator: Operator,
-                                                     nodes_to_remove: list[str]) -> None:
+def test_decision_deleted_while_the_operator_is_down(
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     pool = hopper("orphan")
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
@@ -183,8 +200,10 @@ def test_decision_deleted_while_the_operator_is_down(kube: Kube, operator: Opera
     try:
         kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=30s")
         gone = ("inferenceservices", "deployments", "replicasets", "pods")
-        eventually(lambda: all(kube.get(kind, namespace="life-down") == [] for kind in gone),
-                   "the garbage collector to remove the InferenceService, its Deployment and its pods")
+        eventually(
+            lambda: all(kube.get(kind, namespace="life-down") == [] for kind in gone),
+            "the garbage collector to remove the InferenceService, its Deployment and its pods",
+        )
     finally:
         operator.start()
 

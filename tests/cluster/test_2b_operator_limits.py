@@ -28,8 +28,12 @@ AGREE_NS = "limits-agree"
 
 def dry_run_create(kube: Kube, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """A server-side dry-run create of a ClefDecision with ``spec``: the object as stored, or the refusal."""
-    body = {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": "agree", "namespace": AGREE_NS}, "spec": spec}
+    body = {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": "agree", "namespace": AGREE_NS},
+        "spec": spec,
+    }
     done = kube.run("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=yaml.safe_dump(body), check=False)
     return (json.loads(done.stdout), "") if done.returncode == 0 else (None, done.stderr)
 
@@ -50,8 +54,9 @@ def test_api_server_and_operator_both_accept(kube: Kube, agree_namespace: str, f
 
 
 @pytest.mark.parametrize(("fields", "field"), INVALID, ids=[f"{i}-{c[1]}" for i, c in enumerate(INVALID)])
-def test_api_server_and_operator_both_refuse_naming_the_field(kube: Kube, agree_namespace: str,
-                                                               fields: dict[str, Any], field: str) -> None:
+def test_api_server_and_operator_both_refuse_naming_the_field(
+    kube: Kube, agree_namespace: str, fields: dict[str, Any], field: str
+) -> None:
     spec = {**BASE, **fields}
     stored, refusal = dry_run_create(kube, spec)
     from_operator = operator_errors(spec)
@@ -73,7 +78,8 @@ def test_300_kb_of_extra_args_is_refused_by_the_api_server(kube: Kube, installed
 
 
 def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts(
-        kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     pool = hopper("large")
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
@@ -88,14 +94,23 @@ def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts
     assert [ref["name"] for ref in isvc["metadata"]["ownerReferences"]] == ["limits-large"]
     extra_args = largest["predictor"]["extraArgs"]
     assert json.dumps(isvc["spec"]).count(extra_args[0]) == len(extra_args)
-    annotations = eventually(lambda: (found := get_decision(kube, "limits-large")["metadata"].get("annotations") or {})
-                             and LAST_HANDLED in found and found, "kopf's diff base to be stored")
+    annotations = eventually(
+        lambda: (
+            (found := get_decision(kube, "limits-large")["metadata"].get("annotations") or {})
+            and LAST_HANDLED in found
+            and found
+        ),
+        "kopf's diff base to be stored",
+    )
     assert annotations[LAST_HANDLED].startswith(DIGEST_PREFIX)
     assert len(json.dumps(annotations)) < 1024, annotations
-    kube.run("patch", "clefdecision", "limits-large", "-n", "limits-large", "--type=merge",
-             "-p", '{"spec": {"replicas": 2}}')
-    eventually(lambda: kube.get("inferenceservice", name, "limits-large")["spec"]["predictor"].get("minReplicas") == 2,
-               "a later spec change to be applied")
+    kube.run(
+        "patch", "clefdecision", "limits-large", "-n", "limits-large", "--type=merge", "-p", '{"spec": {"replicas": 2}}'
+    )
+    eventually(
+        lambda: kube.get("inferenceservice", name, "limits-large")["spec"]["predictor"].get("minReplicas") == 2,
+        "a later spec change to be applied",
+    )
 
 
 def owners(kube: Kube, name: str, namespace: str) -> list[tuple[str, bool]]:
@@ -104,47 +119,73 @@ def owners(kube: Kube, name: str, namespace: str) -> list[tuple[str, bool]]:
 
 
 def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
-        kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     pool = hopper("adopt")
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
     start(kube, "limits-adopt", ["adopt"])
     wait_serving(kube, "limits-adopt", "adopt")
     name = "limits-adopt-adopt"
-    kube.run("patch", "inferenceservice", name, "-n", "limits-adopt", "--type=json",
-             "-p", '[{"op": "remove", "path": "/metadata/ownerReferences"}]')
-    assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored",
-                      timeout=10) == [("limits-adopt", True)]
+    kube.run(
+        "patch",
+        "inferenceservice",
+        name,
+        "-n",
+        "limits-adopt",
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/metadata/ownerReferences"}]',
+    )
+    assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored", timeout=10) == [
+        ("limits-adopt", True)
+    ]
     kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", "--timeout=60s")
     gone = ("inferenceservices", "deployments", "pods")
-    eventually(lambda: all(kube.get(kind, namespace="limits-adopt") == [] for kind in gone),
-               "the garbage collector to remove the InferenceService, its Deployment and its pods")
+    eventually(
+        lambda: all(kube.get(kind, namespace="limits-adopt") == [] for kind in gone),
+        "the garbage collector to remove the InferenceService, its Deployment and its pods",
+    )
 
 
 def isvc_create_refusals(kube: Kube) -> float:
     """POSTs of InferenceServices the API server answered 409 (its own request counter, all clients)."""
     metrics = kube.run("get", "--raw", "/metrics").stdout
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("apiserver_request_total{") and 'resource="inferenceservices"' in line
-               and 'verb="POST"' in line and 'code="409"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("apiserver_request_total{")
+        and 'resource="inferenceservices"' in line
+        and 'verb="POST"' in line
+        and 'code="409"' in line
+    )
 
 
 def name_taken_events(kube: Kube, namespace: str) -> list[tuple[str, int, str]]:
-    return [(e["metadata"]["name"], e.get("count") or 1, e["message"])
-            for e in kube.get("events", namespace=namespace) if e.get("reason") == "NameTaken"]
+    return [
+        (e["metadata"]["name"], e.get("count") or 1, e["message"])
+        for e in kube.get("events", namespace=namespace)
+        if e.get("reason") == "NameTaken"
+    ]
 
 
 def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
-        kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     ns = "limits-taken"
     taken, other = hopper("taken"), hopper("taken-more")
     kube.apply(taken.node(0))
     nodes_to_remove.append(taken.node_name(0))
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     holder = f"{ns}-taken"
-    kube.apply({"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                "metadata": {"name": holder, "namespace": ns},
-                "spec": {"predictor": {"containers": [{"name": "kserve-container", "image": "example.com/other:1"}]}}})
+    kube.apply(
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": holder, "namespace": ns},
+            "spec": {"predictor": {"containers": [{"name": "kserve-container", "image": "example.com/other:1"}]}},
+        }
+    )
     kube.apply(decision(ns, ["taken", "taken-more"]))
 
     def state(pool: str) -> str | None:
@@ -157,15 +198,18 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
     for index in range(6):  # each node changes what the ClefDecision's status says: a pass per node
         kube.apply(other.node(index))
         nodes_to_remove.append(other.node_name(index))
-        eventually(lambda count=index + 1: pool_status(get_decision(kube, ns)).get("taken-more", {}).get("nodes")
-                   == count, f"{index + 1} node(s) in the other pool's status")
+        eventually(
+            lambda count=index + 1: pool_status(get_decision(kube, ns)).get("taken-more", {}).get("nodes") == count,
+            f"{index + 1} node(s) in the other pool's status",
+        )
     assert state("taken") == "Conflict"
     assert isvc_create_refusals(kube) - refusals <= 1, "a POST per node event"
     assert name_taken_events(kube, ns) == warned, "said again"
     assert len([e for e in warned if e[2].startswith("node pool taken:")]) == 1, warned
     kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", "--timeout=60s")
-    eventually(lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator",
-               timeout=30)
+    eventually(
+        lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator", timeout=30
+    )
 
 
 def snapshot(kube: Kube, namespace: str) -> dict[str, str]:
@@ -173,8 +217,11 @@ def snapshot(kube: Kube, namespace: str) -> dict[str, str]:
     (the Events of KServe's Deployments and their pods are the controllers', not the operator's)."""
     objects = [("clefdecisions", o) for o in kube.get("clefdecisions", namespace=namespace)]
     objects += [("inferenceservices", o) for o in kube.get("inferenceservices", namespace=namespace)]
-    objects += [("events", e) for e in kube.get("events", namespace=namespace)
-                if e["involvedObject"].get("kind") == "ClefDecision"]
+    objects += [
+        ("events", e)
+        for e in kube.get("events", namespace=namespace)
+        if e["involvedObject"].get("kind") == "ClefDecision"
+    ]
     return {f"{kind}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for kind, o in objects}
 
 
@@ -204,8 +251,9 @@ def test_no_writes_at_steady_state(kube: Kube, operator: Operator, nodes_to_remo
     assert snapshot(kube, ns) == before
 
 
-def test_spec_change_after_an_api_server_restart_is_applied(kube: Kube, operator: Operator,
-                                                           nodes_to_remove: list[str]) -> None:
+def test_spec_change_after_an_api_server_restart_is_applied(
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
     ns = "limits-restart"
     pool = hopper("restart")
     kube.apply(pool.node(0))
@@ -213,9 +261,15 @@ def test_spec_change_after_an_api_server_restart_is_applied(kube: Kube, operator
     start(kube, ns, ["restart"])
     wait_serving(kube, ns, "restart")
     kube.cluster.restart("kube-apiserver")
-    eventually(lambda: kube.run("get", "--raw", "/readyz", check=False).returncode == 0,
-               "the API server to answer again", timeout=120)
+    eventually(
+        lambda: kube.run("get", "--raw", "/readyz", check=False).returncode == 0,
+        "the API server to answer again",
+        timeout=120,
+    )
     kube.run("patch", "clefdecision", ns, "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
-    eventually(lambda: kube.get("inferenceservice", f"{ns}-restart", ns)["spec"]["predictor"].get("minReplicas") == 2,
-               "the change to be applied after the restart", timeout=30)
+    eventually(
+        lambda: kube.get("inferenceservice", f"{ns}-restart", ns)["spec"]["predictor"].get("minReplicas") == 2,
+        "the change to be applied after the restart",
+        timeout=30,
+    )
     assert operator.process is not None and operator.process.poll() is None, "the operator exited"

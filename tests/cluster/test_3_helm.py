@@ -22,9 +22,18 @@ def none_left(kube: Kube, kind: str, namespace: str, selector: str | None = None
 
 
 def test_helm_upgrade_with_a_new_predictor_image_rolls_the_predictors(
-        kube: Kube, operator: Operator, readme_decision: dict[str, Any]) -> None:
-    kube.helm("upgrade", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--reuse-values",
-              f"--set=predictor.image.tag={NEW_TAG}", "--wait", "--timeout=3m")
+    kube: Kube, operator: Operator, readme_decision: dict[str, Any]
+) -> None:
+    kube.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        f"--namespace={SYSTEM_NS}",
+        "--reuse-values",
+        f"--set=predictor.image.tag={NEW_TAG}",
+        "--wait",
+        "--timeout=3m",
+    )
     # The Deployment rolled its (kwok) pod; the operator process here is restarted the same way, with the
     # Deployment's new environment.
     operator.stop()

@@ -23,6 +23,7 @@ KSERVE_CRDS = REPO / "tests" / "data" / "kserve-crds"
 RELEASE = "clef-serving"
 NAMESPACE = "clef-system"
 
+
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
     """Run helm with args (no check): fails the test with a clear message when helm is missing."""
     if not HELM.is_file():

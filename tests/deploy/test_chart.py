@@ -24,8 +24,13 @@ STANDARD_LABELS = (
     "app.kubernetes.io/managed-by",
     "app.kubernetes.io/part-of",
 )
-CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterServingRuntime",
-                  "ClusterKopfPeering"}
+CLUSTER_SCOPED = {
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterServingRuntime",
+    "ClusterKopfPeering",
+}
 CRDS = {
     ("CustomResourceDefinition", "clefdecisions.clef-serving.io", None),
     ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev", None),
@@ -64,8 +69,10 @@ def test_helm_lint_strict(values: list) -> None:
         (["operator.replicas=2", "peering.enabled=false"], "needs peering.enabled=true"),
         (["serviceAccount.create=false"], "serviceAccount.name is required"),
         (["servingRuntime.compileCache.configMap.name=c"], "invalid propertyName 'configMap'"),
-        (["servingRuntime.compileCache.emptyDir.medium=", "servingRuntime.compileCache.hostPath.path=/x"],
-         "/servingRuntime/compileCache"),
+        (
+            ["servingRuntime.compileCache.emptyDir.medium=", "servingRuntime.compileCache.hostPath.path=/x"],
+            "/servingRuntime/compileCache",
+        ),
         (["operator.extraArgs={--standalone}"], "/operator/extraArgs/0"),
         (["operator.extraArgs={--peering=other}"], "/operator/extraArgs/0"),
         (["operator.hostPathCachePrefixes={/}"], "/operator/hostPathCachePrefixes/0"),
@@ -157,8 +164,14 @@ def test_operator_args_follow_namespace_scoping(
     assert one(rendered_default, "Deployment")["spec"]["strategy"] == {"type": "RollingUpdate"}
     all_on = one(rendered_all_on, "Deployment")
     args = all_on["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args == ["--namespace=team-a", "--namespace=team-b", "--liveness-port=9090", "--peering=clef-peers",
-                    "--allow-host-path-prefix=/var/cache/clef", "--verbose"]
+    assert args == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+        "--liveness-port=9090",
+        "--peering=clef-peers",
+        "--allow-host-path-prefix=/var/cache/clef",
+        "--verbose",
+    ]
     assert all_on["spec"]["replicas"] == 2
 
 
@@ -205,9 +218,14 @@ def test_serving_runtime_runs_the_predictor_contract(rendered_all_on: list[dict[
     gpus = str(values["gpus"])
     resources = {part: {**values["resources"][part], "nvidia.com/gpu": gpus} for part in ("requests", "limits")}
     expected = predictor_container(
-        image="registry.example.com/clef/clef-predictor:0.1.0-test", model_name="{{.Name}}", dp=gpus,
-        max_model_len=str(values["maxModelLen"]), resources=resources, extra_args=values["extraArgs"],
-        grpc=values["grpc"])
+        image="registry.example.com/clef/clef-predictor:0.1.0-test",
+        model_name="{{.Name}}",
+        dp=gpus,
+        max_model_len=str(values["maxModelLen"]),
+        resources=resources,
+        extra_args=values["extraArgs"],
+        grpc=values["grpc"],
+    )
     assert runtime["spec"]["containers"] == [expected]
     assert runtime["spec"]["volumes"] == predictor_volumes(compile_cache=values["compileCache"])
     assert runtime["spec"]["supportedModelFormats"] == [{"name": "clef", "version": "1", "autoSelect": False}]
@@ -227,13 +245,15 @@ def test_serving_runtime_template_is_generated_from_the_contract() -> None:
     spec.loader.exec_module(module)
     template = CHART / "templates" / "servingruntime.yaml"
     assert template.read_text() == module.render(), (
-        "the ServingRuntime template is stale: run `.venv/bin/python scripts/render_servingruntime.py`")
+        "the ServingRuntime template is stale: run `.venv/bin/python scripts/render_servingruntime.py`"
+    )
 
 
 def test_pod_labels_are_not_repeated(rendered_all_on: list[dict[str, Any]]) -> None:
     """Each label key appears once in the operator's pod template (helm would keep the last silently)."""
-    text = run_helm("template", RELEASE, str(CHART), "--values", str(ALL_ON_VALUES),
-                    "--show-only", "templates/deployment.yaml").stdout
+    text = run_helm(
+        "template", RELEASE, str(CHART), "--values", str(ALL_ON_VALUES), "--show-only", "templates/deployment.yaml"
+    ).stdout
     template_labels = text.split("template:", 1)[1].split("spec:", 1)[0]
     keys = [line.split(":", 1)[0].strip() for line in template_labels.splitlines() if line.startswith(" " * 8)]
     assert len(keys) == len(set(keys)), keys

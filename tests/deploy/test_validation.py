@@ -22,7 +22,10 @@ from tests.deploy import crd_schema
 from tests.deploy.chart import ALL_ON_VALUES, CHART, REPO, load_kserve_crds, load_yaml_objects, render_chart
 
 OLDEST_KUBERNETES = re.search(r">=\s*(\d+\.\d+)", (CHART / "Chart.yaml").read_text()).group(1)  # type: ignore[union-attr]
-KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())]
+KUBERNETES_VERSIONS = [
+    OLDEST_KUBERNETES,
+    kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version()),
+]
 MANIFESTS = REPO / "manifests"
 EXAMPLES = sorted((MANIFESTS / "examples").glob("*.yaml"))
 CHART_CRDS = [crd for path in sorted((CHART / "crds").glob("*.yaml")) for crd in load_yaml_objects(path)]
@@ -52,7 +55,9 @@ def validate_object(obj: dict[str, Any], crds: dict[tuple[str, str], dict[str, A
         except FileNotFoundError:
             pytest.fail(f"no schema, built-in or CRD, for {obj['apiVersion']} {obj['kind']} in Kubernetes {version}")
         errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(obj)]
-        assert not errors, f"{obj['kind']} {obj['metadata'].get('name')} (Kubernetes {version}):\n  " + "\n  ".join(errors)
+        assert not errors, f"{obj['kind']} {obj['metadata'].get('name')} (Kubernetes {version}):\n  " + "\n  ".join(
+            errors
+        )
 
 
 @functools.cache
@@ -95,7 +100,11 @@ def test_crds_are_structural_and_served(clef_crd: dict[str, Any]) -> None:
             assert version["schema"]["openAPIV3Schema"]["type"] == "object"
     assert crd_schema.crd_identity(clef_crd) == ("clef-serving.io", "ClefDecision")
     names = clef_crd["spec"]["names"]
-    assert (names["plural"], names["shortNames"], clef_crd["spec"]["scope"]) == ("clefdecisions", ["clef"], "Namespaced")
+    assert (names["plural"], names["shortNames"], clef_crd["spec"]["scope"]) == (
+        "clefdecisions",
+        ["clef"],
+        "Namespaced",
+    )
     (version,) = clef_crd["spec"]["versions"]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
 

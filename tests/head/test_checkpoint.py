@@ -12,11 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from clef_head.checkpoint import CheckpointError, find_head_files, load_head
-from predictor.engines.reference import TransformersScorer
+from clef_head.checkpoint import RANDOM_MARKER, CheckpointError, find_head_files, is_random_release, load_head
 from clef_head.request import parse_request
-from clef_head.checkpoint import RANDOM_MARKER, is_random_release
 from clef_tools.sample_requests import make_requests
+from predictor.engines.reference import TransformersScorer
 
 
 def _head_only(src: Path, dst: Path, subfolder: str = "") -> Path:
@@ -29,7 +28,10 @@ def _head_only(src: Path, dst: Path, subfolder: str = "") -> Path:
 
 def test_finds_head_at_root_and_in_subfolder(tiny_release: Path, tiny_release_fp8_layout: Path) -> None:
     assert find_head_files(tiny_release).weights == tiny_release / "joint_head.safetensors"
-    assert find_head_files(tiny_release_fp8_layout).weights == tiny_release_fp8_layout / "clef_head" / "joint_head.safetensors"
+    assert (
+        find_head_files(tiny_release_fp8_layout).weights
+        == tiny_release_fp8_layout / "clef_head" / "joint_head.safetensors"
+    )
 
 
 def test_both_layouts_load_strictly(tiny_release: Path, tiny_release_fp8_layout: Path) -> None:
@@ -76,7 +78,9 @@ def test_mismatched_shape_is_named(tiny_release: Path, tmp_path: Path) -> None:
     config = json.loads((tmp_path / "joint_head_config.json").read_text())
     config["feedforward"] *= 2
     (tmp_path / "joint_head_config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"evidence_layers.0.feedforward.0.bias has shape \(128,\), config expects \(256,\)"):
+    with pytest.raises(
+        CheckpointError, match=r"evidence_layers.0.feedforward.0.bias has shape \(128,\), config expects \(256,\)"
+    ):
         load_head(tmp_path)
 
 
@@ -97,7 +101,9 @@ def test_tiny_command_line_builds_a_loadable_release(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-m", "clef_tools.tiny", str(out), "--seed", "5", "--layout", "fp8"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "tiny random release" in result.stdout
     assert is_random_release(out) and (out / RANDOM_MARKER).read_text().startswith("Random weights")

@@ -93,7 +93,9 @@ def test_encoding_from_64_threads_at_once_matches_one_at_a_time(tokenizer: Any) 
     requests = [parse_request(_body(_words(100 + 37 * i, seed=i))) for i in range(16)]
     alone = [encode_request(tokenizer, request, max_length=MAX_LENGTH).input_ids for request in requests]
     with ThreadPoolExecutor(max_workers=64) as pool:
-        together = list(pool.map(lambda i: encode_request(tokenizer, requests[i % 16], max_length=MAX_LENGTH).input_ids, range(256)))
+        together = list(
+            pool.map(lambda i: encode_request(tokenizer, requests[i % 16], max_length=MAX_LENGTH).input_ids, range(256))
+        )
     assert together == [alone[i % 16] for i in range(256)]
 
 
@@ -115,7 +117,9 @@ HUGE_STATES = {
 
 
 @pytest.mark.parametrize("name", HUGE_STATES)
-def test_huge_states_are_rendered_only_as_far_as_the_prompt_reads(tokenizer: Any, reference: ModuleType, name: str) -> None:
+def test_huge_states_are_rendered_only_as_far_as_the_prompt_reads(
+    tokenizer: Any, reference: ModuleType, name: str
+) -> None:
     from clef_head import encoder
 
     state = HUGE_STATES[name]
@@ -142,7 +146,9 @@ def test_huge_states_are_rendered_only_as_far_as_the_prompt_reads(tokenizer: Any
 
 
 @pytest.mark.parametrize("max_length", [200, 256, 300, 512, 1024])
-def test_truncation_matches_the_release_code_at_every_cut(tokenizer: Any, reference: ModuleType, max_length: int) -> None:
+def test_truncation_matches_the_release_code_at_every_cut(
+    tokenizer: Any, reference: ModuleType, max_length: int
+) -> None:
     state = {"log": [{"line": _words(12, seed), "n": seed, "ok": seed % 3 == 0} for seed in range(400)]}
     ours = encode_request(tokenizer, parse_request(_body(state)), max_length=max_length)
     theirs = reference.encode_record(tokenizer, _body(state), max_length=max_length)

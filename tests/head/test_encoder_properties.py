@@ -17,7 +17,7 @@ from clef_head.request import parse_request
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | text,
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | text,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(text, children, max_size=3),
     max_leaves=8,
 )
@@ -29,7 +29,9 @@ noul = st.fixed_dictionaries(
     {"type": st.just("noul")},
     optional={
         "instructions": instructions,
-        "criteria": st.fixed_dictionaries({}, optional={"true": st.none() | descriptions, "false": st.none() | descriptions}),
+        "criteria": st.fixed_dictionaries(
+            {}, optional={"true": st.none() | descriptions, "false": st.none() | descriptions}
+        ),
     },
 )
 choice = st.fixed_dictionaries(
@@ -47,7 +49,9 @@ requests = st.fixed_dictionaries(
         "questions": st.dictionaries(st.text(min_size=1, max_size=16), noul | choice | score, min_size=1, max_size=6),
     }
 )
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,9 @@ def test_matches_release_code(body: dict[str, Any], tokenizer, reference: Module
 
 @SETTINGS
 @given(body=requests)
-@example(body={"model": "", "state": None, "questions": {"0": {"type": "choice", "criteria": {"0": None, "\uf900": None}}}})
+@example(
+    body={"model": "", "state": None, "questions": {"0": {"type": "choice", "criteria": {"0": None, "\uf900": None}}}}
+)
 def test_option_spans_hold_the_option_text(body: dict[str, Any], tokenizer) -> None:
     encoded = encode_request(tokenizer, parse_request(body))
     assert encoded.layout.to_wire() == json.loads(json.dumps(encoded.layout.to_wire()))
@@ -105,10 +111,12 @@ def test_max_length_cuts_only_the_state(body: dict[str, Any], max_length: int, t
 
 
 @SETTINGS
-@given(value=st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | text,
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(text, children, max_size=5),
-    max_leaves=40,
-))
+@given(
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | text,
+        lambda children: st.lists(children, max_size=5) | st.dictionaries(text, children, max_size=5),
+        max_leaves=40,
+    )
+)
 def test_state_pieces_join_to_the_rendered_text(value: Any) -> None:
     assert "".join(json_pieces(value)) == render_json(value)

@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_head_benchmark_prints_both_paths_and_their_agreement() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.head_benchmark", "--shape", "tiny", "--records", "4", "--repeats", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "one record per call" in done.stdout and "one batched call" in done.stdout

@@ -82,8 +82,10 @@ def test_graph_replay_equals_the_eager_static_pass_on_cuda(dtype: torch.dtype) -
     One lm_head table serves every record, as in the engine; a table at a new address is captured again."""
     head = random_head(TINY_HEAD, seed=3).cuda().to(dtype).eval()
     graphed, eager = GraphedHead(head, graphs=True), GraphedHead(head, graphs=False)
-    records = [_record(length, questions, seed=index) for index, (length, questions) in
-               enumerate([(517, 3), (560, 2), (517, 3), (120, 1), (1207, 5), (530, 3)])]
+    records = [
+        _record(length, questions, seed=index)
+        for index, (length, questions) in enumerate([(517, 3), (560, 2), (517, 3), (120, 1), (1207, 5), (530, 3)])
+    ]
     table = records[0][3].cuda().to(dtype)
     tolerance = 2e-5 if dtype == torch.float32 else 5e-2
     with torch.inference_mode():
@@ -105,8 +107,10 @@ def test_buckets_share_one_token_buffer_and_stay_exact_in_any_order() -> None:
     long after short and short after long, each still get the head's own logits."""
     head = random_head(TINY_HEAD, seed=7).eval()
     graphed = GraphedHead(head, graphs=False)
-    records = [_record(length, questions, seed=length) for length, questions in
-               [(900, 3), (100, 1), (1500, 5), (300, 2), (899, 3), (40, 1)]]
+    records = [
+        _record(length, questions, seed=length)
+        for length, questions in [(900, 3), (100, 1), (1500, 5), (300, 2), (899, 3), (40, 1)]
+    ]
     with torch.inference_mode():
         for hidden, ids, layout, lm_head in records:
             got = graphed([hidden], [ids], [layout], lm_head)[0]

@@ -11,9 +11,9 @@ import torch
 
 from clef_head.checkpoint import load_head
 from clef_head.encoder import SchemaTooLong, encode_request
-from predictor.engines.reference import TransformersScorer
 from clef_head.request import parse_request
 from clef_tools.sample_requests import make_extreme_requests, make_requests
+from predictor.engines.reference import TransformersScorer
 
 RECORDS = make_requests(seed=7, count=220) + make_extreme_requests(random.Random(3))
 

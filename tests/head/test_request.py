@@ -45,6 +45,7 @@ def _nested(depth: int) -> list[Any]:
         value = [value]
     return value
 
+
 INVALID = [
     ("missing model", _with("model", _DELETE), "model", "Field required"),
     ("model not a string", _with("model", 3), "model", "string"),
@@ -57,18 +58,58 @@ INVALID = [
     ("missing type", _with("questions.billing", {"instructions": "x"}), "questions.billing", "noul, choice, score"),
     ("question not an object", _with("questions.billing", "yes?"), "questions.billing", ""),
     ("choice without criteria", _with("questions.tone.criteria", _DELETE), "questions.tone.criteria", "Field required"),
-    ("choice with one label", _with("questions.tone.criteria", {"calm": None}), "questions.tone.criteria", "2 to 255 labels, got 1"),
-    ("choice with 256 labels", _with("questions.tone.criteria", {f"l{i}": None for i in range(256)}), "questions.tone.criteria", "got 256"),
-    ("choice criteria a list", _with("questions.tone.criteria", ["calm", "angry"]), "questions.tone.criteria", "dictionary"),
-    ("score with one level", _with("questions.urgency.criteria", ["only"]), "questions.urgency.criteria", "2 to 10 levels, got 1"),
-    ("score with 11 levels", _with("questions.urgency.criteria", [str(i) for i in range(11)]), "questions.urgency.criteria", "got 11"),
+    (
+        "choice with one label",
+        _with("questions.tone.criteria", {"calm": None}),
+        "questions.tone.criteria",
+        "2 to 255 labels, got 1",
+    ),
+    (
+        "choice with 256 labels",
+        _with("questions.tone.criteria", {f"l{i}": None for i in range(256)}),
+        "questions.tone.criteria",
+        "got 256",
+    ),
+    (
+        "choice criteria a list",
+        _with("questions.tone.criteria", ["calm", "angry"]),
+        "questions.tone.criteria",
+        "dictionary",
+    ),
+    (
+        "score with one level",
+        _with("questions.urgency.criteria", ["only"]),
+        "questions.urgency.criteria",
+        "2 to 10 levels, got 1",
+    ),
+    (
+        "score with 11 levels",
+        _with("questions.urgency.criteria", [str(i) for i in range(11)]),
+        "questions.urgency.criteria",
+        "got 11",
+    ),
     ("score criteria an object", _with("questions.urgency.criteria", {"a": "b"}), "questions.urgency.criteria", "list"),
-    ("empty question id without instructions", _with("questions", {"": {"type": "noul"}}), "questions", "empty id needs instructions"),
+    (
+        "empty question id without instructions",
+        _with("questions", {"": {"type": "noul"}}),
+        "questions",
+        "empty id needs instructions",
+    ),
     ("long question id", _with("questions", {"q" * 257: {"type": "noul"}}), "questions", "at most 256"),
-    ("instructions a set", _with("questions.billing.instructions", {1, 2}), "questions.billing.instructions", "JSON value"),
+    (
+        "instructions a set",
+        _with("questions.billing.instructions", {1, 2}),
+        "questions.billing.instructions",
+        "JSON value",
+    ),
     ("state with a number as a key", _with("state", {"a": {1: "x"}}), "state.a", "keys must be strings"),
     ("state nested too deep", _with("state", _nested(200)), "state.0.0.0", "deeper than 128 levels"),
-    ("description nested too deep", _with("questions.tone.criteria", {"calm": _nested(130), "angry": None}), "questions.tone.criteria.calm", "deeper than 128"),
+    (
+        "description nested too deep",
+        _with("questions.tone.criteria", {"calm": _nested(130), "angry": None}),
+        "questions.tone.criteria.calm",
+        "deeper than 128",
+    ),
     ("images", _with("images", ["aGk="]), "images", "not supported"),
     ("videos", _with("videos", ["aGk="]), "videos", "not supported"),
     ("assets", _with("assets", {"x": {"type": "image"}}), "assets", "not supported"),

@@ -42,8 +42,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def watch_error(self, plural: str, code: int, message: str = "injected") -> None:
         """Send an ERROR event (a Status with ``code``) on every open watch stream of ``plural``."""
-        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                  "reason": "InternalError" if code >= 500 else "Expired", "message": message}
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": code,
+            "reason": "InternalError" if code >= 500 else "Expired",
+            "message": message,
+        }
         for resource, bus in list(self._buses.items()):
             if resource.plural == plural:
                 await bus.put({"type": "ERROR", "object": status})
@@ -94,9 +100,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def all_operator_writes(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> list[tuple[str, str]]:
         """(METHOD, path) of every write the operator (not the test) sent, to any resource or subresource."""
-        return [(str(r.method.value), str(r.url.path)) for r in self._requests
-                if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
-                and str(r.method.value) in ("POST", "PATCH", "PUT", "DELETE")]
+        return [
+            (str(r.method.value), str(r.url.path))
+            for r in self._requests
+            if not r.headers.get("User-Agent", "").startswith(exclude_user_agents)
+            and str(r.method.value) in ("POST", "PATCH", "PUT", "DELETE")
+        ]
 
     def rbac_requests(self, *, exclude_user_agents: tuple[str, ...] = ("kmock/",)) -> set[tuple[str, str, str]]:
         """The (apiGroup, resource[/subresource], verb) triples the served requests need.
@@ -117,8 +126,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if self.outage and not request.headers.get("User-Agent", "").startswith("kmock/"):
             raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="the API is down")
         if request.resource is not None and request.resource.plural:
-            name = request.name or (((request.data or {}).get("metadata") or {}).get("name")
-                                    if isinstance(request.data, dict) else None)
+            name = request.name or (
+                ((request.data or {}).get("metadata") or {}).get("name") if isinstance(request.data, dict) else None
+            )
             refusal = self.refusals.get((str(request.method.value), request.resource.plural, str(name)))
             if refusal is not None:
                 raise kmock.KubernetesError(status=refusal[0], reason="Refused", message=refusal[1])
@@ -231,8 +241,11 @@ def _check_limits(obj: Mapping[str, Any]) -> None:
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     size = sum(len(str(key).encode()) + len(str(value).encode()) for key, value in annotations.items())
     if size > MAX_ANNOTATIONS_BYTES:
-        raise kmock.KubernetesError(status=422, reason="Invalid", message=(
-            f"metadata.annotations: Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"))
+        raise kmock.KubernetesError(
+            status=422,
+            reason="Invalid",
+            message=(f"metadata.annotations: Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"),
+        )
     if len(json.dumps(obj, separators=(",", ":")).encode()) > MAX_OBJECT_BYTES:
         raise kmock.KubernetesError(status=500, reason="InternalError", message="etcdserver: request is too large")
 

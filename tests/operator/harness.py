@@ -29,10 +29,22 @@ KSERVE_CRD: dict[str, Any] = {
     "spec": {
         "group": "serving.kserve.io",
         "scope": "Namespaced",
-        "names": {"kind": "InferenceService", "plural": "inferenceservices", "singular": "inferenceservice",
-                  "shortNames": ["isvc"], "listKind": "InferenceServiceList"},
-        "versions": [{"name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}},
-                      "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        "names": {
+            "kind": "InferenceService",
+            "plural": "inferenceservices",
+            "singular": "inferenceservice",
+            "shortNames": ["isvc"],
+            "listKind": "InferenceServiceList",
+        },
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
     },
 }
 
@@ -68,14 +80,18 @@ def clef_crd() -> dict[str, Any]:
 
 def write_kubeconfig(path: Path, server: str) -> Path:
     """A kubeconfig pointing at the emulator."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "tester", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-        "current-context": "emulator",
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+                "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+                "current-context": "emulator",
+            }
+        )
+    )
     return path
 
 
@@ -91,8 +107,17 @@ def fast_settings() -> kopf.OperatorSettings:
     return settings
 
 
-def gpu_node(name: str, pool: str, *, product: str | None, major: int | None, minor: int | None,
-             gpus: int = 8, pool_key: str = "cloud.google.com/gke-nodepool", family: str | None = None) -> dict[str, Any]:
+def gpu_node(
+    name: str,
+    pool: str,
+    *,
+    product: str | None,
+    major: int | None,
+    minor: int | None,
+    gpus: int = 8,
+    pool_key: str = "cloud.google.com/gke-nodepool",
+    family: str | None = None,
+) -> dict[str, Any]:
     """A Node as GPU Feature Discovery and the device plugin label it."""
     labels = {pool_key: pool, "nvidia.com/gpu.present": "true"}
     if product is not None:
@@ -102,8 +127,12 @@ def gpu_node(name: str, pool: str, *, product: str | None, major: int | None, mi
     if major is not None and minor is not None:
         labels["nvidia.com/gpu.compute.major"] = str(major)
         labels["nvidia.com/gpu.compute.minor"] = str(minor)
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "status": {"capacity": {"nvidia.com/gpu": str(gpus), "cpu": "96"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"capacity": {"nvidia.com/gpu": str(gpus), "cpu": "96"}},
+    }
 
 
 class Cluster:
@@ -169,15 +198,17 @@ async def running_operator(**kwargs: Any) -> AsyncIterator[asyncio.Task[None]]:
     stop = asyncio.Event()
     ready = asyncio.Event()
     logging.getLogger("kopf").setLevel(logging.INFO)
-    task = asyncio.create_task(kopf.operator(
-        clusterwide=kwargs.pop("clusterwide", True),
-        standalone=True,
-        settings=kwargs.pop("settings", None) or fast_settings(),
-        memo=kwargs.pop("memo", None) or kopf.Memo(),
-        stop_flag=stop,
-        ready_flag=ready,
-        **kwargs,
-    ))
+    task = asyncio.create_task(
+        kopf.operator(
+            clusterwide=kwargs.pop("clusterwide", True),
+            standalone=True,
+            settings=kwargs.pop("settings", None) or fast_settings(),
+            memo=kwargs.pop("memo", None) or kopf.Memo(),
+            stop_flag=stop,
+            ready_flag=ready,
+            **kwargs,
+        )
+    )
     await asyncio.wait_for(ready.wait(), timeout=30)
     try:
         yield task

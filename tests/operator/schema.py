@@ -14,8 +14,16 @@ from typing import Any
 import jsonschema
 import yaml
 
-_DROP = {"x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-         "x-kubernetes-map-type", "x-kubernetes-embedded-resource", "format", "description", "default"}
+_DROP = {
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+    "x-kubernetes-embedded-resource",
+    "format",
+    "description",
+    "default",
+}
 
 
 def to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,10 +64,12 @@ def crd_validator(crd: Mapping[str, Any], version: str) -> jsonschema.Draft7Vali
 def load_crd(path: Path) -> dict[str, Any]:
     """Load a CRD manifest (the fast C loader: KServe's CRD is ~2 MB)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(path.read_text(), Loader=loader)  # noqa: S506  (a safe loader)
+    return yaml.load(path.read_text(), Loader=loader)  # a safe loader (yaml.SafeLoader subclass)
 
 
 def errors(validator: jsonschema.Draft7Validator, obj: Mapping[str, Any]) -> list[str]:
     """Every schema violation, as 'path: message'."""
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
-            for e in sorted(validator.iter_errors(dict(obj)), key=lambda e: list(map(str, e.absolute_path)))]
+    return [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+        for e in sorted(validator.iter_errors(dict(obj)), key=lambda e: list(map(str, e.absolute_path)))
+    ]

@@ -24,9 +24,16 @@ def _isvc(**extra: Any) -> dict[str, Any]:
     return b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=_spec(**extra))
 
 
-@pytest.mark.parametrize(("decision", "pool"), [
-    ("clef", "h100-pool"), ("Clef", "Pool_With.Dots"), ("1st", "p"), ("x" * 60, "y" * 60), ("clef", "---"),
-])
+@pytest.mark.parametrize(
+    ("decision", "pool"),
+    [
+        ("clef", "h100-pool"),
+        ("Clef", "Pool_With.Dots"),
+        ("1st", "p"),
+        ("x" * 60, "y" * 60),
+        ("clef", "---"),
+    ],
+)
 def test_names_are_short_dns_labels(decision: str, pool: str) -> None:
     name = b.inferenceservice_name(decision, pool)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= b.MAX_ISVC_NAME
@@ -42,13 +49,21 @@ def test_plain_names_are_kept_and_long_ones_hashed() -> None:
 
 
 def test_predictor_contract() -> None:
-    container = _isvc(gpusPerReplica=4, predictor={"maxModelLen": 4096, "extraArgs": ["--log-level=debug"]})[
-        "spec"]["predictor"]["containers"][0]
+    container = _isvc(gpusPerReplica=4, predictor={"maxModelLen": 4096, "extraArgs": ["--log-level=debug"]})["spec"][
+        "predictor"
+    ]["containers"][0]
     assert container["name"] == "kserve-container"
     assert container["command"] == ["python", "-m", "predictor"]
     assert container["args"] == [
-        "--model-dir=/mnt/models", "--model-name=clef-flash", "--engine=vllm", "--dp=4",
-        "--max-model-len=4096", "--http_port=8080", "--host=0.0.0.0", "--shutdown-delay=5", "--drain-timeout=20",
+        "--model-dir=/mnt/models",
+        "--model-name=clef-flash",
+        "--engine=vllm",
+        "--dp=4",
+        "--max-model-len=4096",
+        "--http_port=8080",
+        "--host=0.0.0.0",
+        "--shutdown-delay=5",
+        "--drain-timeout=20",
         "--log-level=debug",
     ]
     assert container["env"] == [
@@ -61,8 +76,10 @@ def test_predictor_contract() -> None:
         {"name": "STORAGE_URI", "value": "hf://cloudflare/clef-flash-fp8"},
     ]
     # Limits equal to the requests where the spec sets none: KServe's defaulter would add 1 CPU / 2Gi.
-    assert container["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
-                                      "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
+        "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "4"},
+    }
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "compile-cache", "mountPath": "/var/cache/clef"},
@@ -75,8 +92,12 @@ def test_container_is_restricted_and_read_only() -> None:
     """What the Pod Security Standard `restricted` checks, with writable volumes where the predictor writes."""
     container = _isvc()["spec"]["predictor"]["containers"][0]
     assert container["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -97,8 +118,10 @@ def test_api_keys_come_from_the_named_secret() -> None:
     container = predictor["containers"][0]
     assert "--api-key-file=/etc/clef/api-keys/keys" in container["args"]
     assert {"name": "api-keys", "mountPath": "/etc/clef/api-keys", "readOnly": True} in container["volumeMounts"]
-    assert {"name": "api-keys", "secret": {"secretName": "clef-keys", "items": [{"key": "keys", "path": "keys"}],
-                                           "defaultMode": 0o440}} in predictor["volumes"]
+    assert {
+        "name": "api-keys",
+        "secret": {"secretName": "clef-keys", "items": [{"key": "keys", "path": "keys"}], "defaultMode": 0o440},
+    } in predictor["volumes"]
     assert not any(arg.startswith("--api-key-file") for arg in _isvc()["spec"]["predictor"]["containers"][0]["args"])
 
 
@@ -121,17 +144,24 @@ def test_pod_security_context_makes_volumes_writable_by_the_predictor() -> None:
     # The image's group (docker/predictor.Dockerfile) owns the volumes Kubernetes can manage, so the
     # compile cache on a fresh emptyDir or claim is writable by the non-root predictor.
     predictor = _isvc()["spec"]["predictor"]
-    assert predictor["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch",
-                                            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert predictor["securityContext"] == {
+        "fsGroup": 10001,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     # Knative Serving rejects a pod securityContext unless its podspec-securitycontext feature is on.
     assert "securityContext" not in _isvc(deploymentMode="Knative")["spec"]["predictor"]
 
 
-@pytest.mark.parametrize("source", [
-    {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
-    {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}},
-    {"emptyDir": {"sizeLimit": "20Gi"}},
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
+        {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}},
+        {"emptyDir": {"sizeLimit": "20Gi"}},
+    ],
+)
 def test_compile_cache_volume_is_the_specs_source(source: dict[str, Any]) -> None:
     spec = _spec(predictor={"compileCache": source})
     predictor = b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
@@ -144,8 +174,11 @@ def test_compile_cache_volume_is_the_specs_source(source: dict[str, Any]) -> Non
 
 
 def test_pool_overrides_and_metadata() -> None:
-    body = _isvc(poolOverrides=[{"name": "h100-pool", "replicas": 2, "gpusPerReplica": 8}],
-                 deploymentMode="Knative", predictor={"resources": {"requests": {"cpu": "8"}}})
+    body = _isvc(
+        poolOverrides=[{"name": "h100-pool", "replicas": 2, "gpusPerReplica": 8}],
+        deploymentMode="Knative",
+        predictor={"resources": {"requests": {"cpu": "8"}}},
+    )
     predictor = body["spec"]["predictor"]
     assert predictor["minReplicas"] == 2 and "--dp=8" in predictor["containers"][0]["args"]
     assert predictor["containers"][0]["resources"]["requests"] == {"cpu": "8", "nvidia.com/gpu": "8"}
@@ -156,12 +189,21 @@ def test_pool_overrides_and_metadata() -> None:
 
 def test_adopted_by_its_clefdecision() -> None:
     body = _isvc()
-    owner = {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-             "metadata": {"name": "clef", "namespace": "ml", "uid": "u-1"}}
+    owner = {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": "clef", "namespace": "ml", "uid": "u-1"},
+    }
     kopf.adopt(body, owner=owner)  # type: ignore[arg-type]
     (ref,) = body["metadata"]["ownerReferences"]
-    assert ref == {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision", "name": "clef",
-                   "uid": "u-1", "controller": True, "blockOwnerDeletion": True}
+    assert ref == {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "name": "clef",
+        "uid": "u-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def test_drift_is_judged_on_managed_fields_only() -> None:
@@ -199,12 +241,17 @@ def test_capability_affinity_admits_exactly_the_capable_nodes() -> None:
         labels = {"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}
         terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         ops = {"Gt": lambda v, x: int(v) > int(x[0]), "In": lambda v, x: str(v) in x}
-        return any(all(ops[e["operator"]](labels[e["key"]], e["values"]) for e in t["matchExpressions"])
-                   for t in terms)
+        return any(all(ops[e["operator"]](labels[e["key"]], e["values"]) for e in t["matchExpressions"]) for t in terms)
 
     fp8 = b.capability_affinity((8, 9))
     assert [admitted(fp8, *cc) for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]] == [
-        False, False, True, True, True, True]
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
     nvfp4 = b.capability_affinity((10, 0))
     assert [admitted(nvfp4, *cc) for cc in [(9, 0), (10, 0), (12, 0)]] == [False, True, True]
 
@@ -212,10 +259,14 @@ def test_capability_affinity_admits_exactly_the_capable_nodes() -> None:
 def test_controls_reach_the_predictor() -> None:
     body = _isvc(
         autoscaling={"minReplicas": 1, "maxReplicas": 4, "scaleMetric": "concurrency", "scaleTarget": 8},
-        serviceAccountName="clef-reader", imagePullSecrets=[{"name": "regcred"}], priorityClassName="serving",
+        serviceAccountName="clef-reader",
+        imagePullSecrets=[{"name": "regcred"}],
+        priorityClassName="serving",
         affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
-        predictor={"env": [{"name": "HF_HUB_OFFLINE", "value": "0"}],
-                   "envFrom": [{"secretRef": {"name": "s3-credentials"}}]},
+        predictor={
+            "env": [{"name": "HF_HUB_OFFLINE", "value": "0"}],
+            "envFrom": [{"secretRef": {"name": "s3-credentials"}}],
+        },
     )
     predictor = body["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 4)
@@ -232,8 +283,13 @@ def test_controls_reach_the_predictor() -> None:
 
 
 def test_keda_scales_on_the_predictors_own_metric() -> None:
-    body = _isvc(autoscaling={"minReplicas": 1, "maxReplicas": 8, "keda": {
-        "metric": "clef_queue_depth", "target": "4", "serverAddress": "http://prometheus.monitoring:9090"}})
+    body = _isvc(
+        autoscaling={
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "keda": {"metric": "clef_queue_depth", "target": "4", "serverAddress": "http://prometheus.monitoring:9090"},
+        }
+    )
     assert body["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "keda"
     (metric,) = body["spec"]["predictor"]["autoScaling"]["metrics"]
     assert metric["type"] == "External"
@@ -243,8 +299,10 @@ def test_keda_scales_on_the_predictors_own_metric() -> None:
 
 def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
     desired = _isvc(predictor={"maxModelLen": 2048})
-    current = {"metadata": {"resourceVersion": "7", "labels": {"team": "ml"}, "annotations": {"note": "x"}},
-               "spec": {"predictor": {"old": True}}}
+    current = {
+        "metadata": {"resourceVersion": "7", "labels": {"team": "ml"}, "annotations": {"note": "x"}},
+        "spec": {"predictor": {"old": True}},
+    }
     ops = b.build_update_patch(current, desired)
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     by_path = {op["path"]: op["value"] for op in ops[1:]}
@@ -254,12 +312,19 @@ def test_update_patch_is_guarded_and_keeps_foreign_metadata() -> None:
 
 
 def test_args_parse_with_the_predictors_own_parser() -> None:
-    cli = pytest.importorskip("predictor.cli", reason="the predictor's dependencies (kserve) are not installed")
+    from predictor import cli
+
     container = _isvc(gpusPerReplica=2, predictor={"maxModelLen": 4096})["spec"]["predictor"]["containers"][0]
     assert container["command"][-2:] == ["-m", "predictor"]
     args = cli.build_parser().parse_args(container["args"])
-    assert (str(args.model_dir), args.model_name, args.engine, args.data_parallel_size, args.max_model_len, args.http_port) == (
-        "/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
+    assert (
+        str(args.model_dir),
+        args.model_name,
+        args.engine,
+        args.data_parallel_size,
+        args.max_model_len,
+        args.http_port,
+    ) == ("/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
     assert args.host == "0.0.0.0"
     # SIGTERM's delay and drain fit Kubernetes' default grace period of 30 s (a ServingRuntime cannot raise it).
     assert args.shutdown_delay + args.drain_timeout < 30

@@ -38,9 +38,12 @@ pytestmark = pytest.mark.timeout(180)
 
 def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
     """A ClefDecision in namespace ``ml``."""
-    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec}}
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
+    }
 
 
 async def isvcs(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -65,6 +68,7 @@ def writes(cluster: Cluster) -> Counter[tuple[str, str]]:
 
 async def pool_state(cluster: Cluster, pool: str, state: str, name: str = "clef", **fields: Any) -> dict[str, Any]:
     """Wait until a pool's status entry has ``state`` (and ``fields``); return that entry."""
+
     async def check() -> dict[str, Any] | None:
         entry = pools(await status(cluster, name)).get(pool)
         ok = entry is not None and entry.get("state") == state and all(entry.get(k) == v for k, v in fields.items())
@@ -75,6 +79,7 @@ async def pool_state(cluster: Cluster, pool: str, state: str, name: str = "clef"
 
 async def has_isvcs(cluster: Cluster, expected: set[str]) -> None:
     """Wait until exactly these InferenceServices exist."""
+
     async def check() -> bool:
         return set(await isvcs(cluster)) == expected
 
@@ -88,12 +93,17 @@ async def label(cluster: Cluster, node: str, labels: dict[str, str | None]) -> N
 
 def expected_isvc(spec: dict[str, Any], pool: str, key: str = GKE, **options: Any) -> dict[str, Any]:
     """What the builders make for a pool (the spec the operator must converge to)."""
-    return build_inferenceservice(decision="clef", namespace=NS, spec=parse_spec(spec),
-                                  pool=NodePool(pool, key, ()), **options)["spec"]
+    return build_inferenceservice(
+        decision="clef", namespace=NS, spec=parse_spec(spec), pool=NodePool(pool, key, ()), **options
+    )["spec"]
 
 
-GFD_LABELS = {"nvidia.com/gpu.product": H100["product"], "nvidia.com/gpu.family": "hopper",
-              "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0"}
+GFD_LABELS = {
+    "nvidia.com/gpu.product": H100["product"],
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+}
 
 
 async def test_scale_up_with_late_gfd_labels(cluster: Cluster) -> None:
@@ -107,8 +117,9 @@ async def test_scale_up_with_late_gfd_labels(cluster: Cluster) -> None:
         await cluster.create(NODES, gpu_node("h100-b", "h100-pool", **UNLABELLED))
         await pool_state(cluster, "h100-pool", "Serving", nodes=2)
         await label(cluster, "h100-b", GFD_LABELS)
-        await pool_state(cluster, "h100-pool", "Serving", nodes=2,
-                         message="compute capability 9.0 meets the required 8.9")
+        await pool_state(
+            cluster, "h100-pool", "Serving", nodes=2, message="compute capability 9.0 meets the required 8.9"
+        )
         await asyncio.sleep(SETTLE)
     assert (await isvcs(cluster))["clef-h100-pool"]["spec"] == before == expected_isvc(body["spec"], "h100-pool")
     assert writes(cluster) == {("POST", "clef-h100-pool"): 1}
@@ -149,8 +160,11 @@ async def test_degraded_pool_is_removed_after_the_grace_period(cluster: Cluster)
         await has_isvcs(cluster, {"clef-h100-pool"})
         await eventually(lambda: _without(cluster, "l4-pool"))
         await asyncio.sleep(SETTLE)
-    assert writes(cluster) == {("POST", "clef-h100-pool"): 1, ("POST", "clef-l4-pool"): 1,
-                               ("DELETE", "clef-l4-pool"): 1}
+    assert writes(cluster) == {
+        ("POST", "clef-h100-pool"): 1,
+        ("POST", "clef-l4-pool"): 1,
+        ("DELETE", "clef-l4-pool"): 1,
+    }
 
 
 async def _without(cluster: Cluster, pool: str) -> bool:
@@ -171,14 +185,18 @@ async def test_mixed_pool_serves_on_its_capable_nodes(cluster: Cluster) -> None:
     predictor = (await isvcs(cluster))["clef-h100-pool"]["spec"]["predictor"]
     terms = predictor["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
-        {"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["8"]}]
+        {"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["8"]}
+    ]
     assert {"predictor": predictor} == expected_isvc(body["spec"], "h100-pool")
     assert writes(cluster) == {("POST", "clef-h100-pool"): 1}
 
 
 async def test_empty_declared_pool_gets_a_predictor(cluster: Cluster) -> None:
-    body = decision(nodePools={"declared": [
-        {"name": "gpu-h100", "labelKey": KARPENTER, "computeCapability": "9.0", "gpusPerNode": 8}]})
+    body = decision(
+        nodePools={
+            "declared": [{"name": "gpu-h100", "labelKey": KARPENTER, "computeCapability": "9.0", "gpusPerNode": 8}]
+        }
+    )
     await cluster.create(DECISIONS.format(ns=NS), body)
     async with running_operator():
         await has_isvcs(cluster, {"clef-gpu-h100"})
@@ -194,10 +212,13 @@ async def test_empty_declared_pool_gets_a_predictor(cluster: Cluster) -> None:
     assert writes(cluster) == {("POST", "clef-gpu-h100"): 1}
 
 
-@pytest.mark.parametrize(("code", "message"), [
-    (403, 'exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1'),
-    (422, 'admission webhook "policy.example.com" denied the request: GPU class not allowed'),
-])
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (403, "exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1"),
+        (422, 'admission webhook "policy.example.com" denied the request: GPU class not allowed'),
+    ],
+)
 async def test_a_refused_pool_fails_alone(cluster: Cluster, code: int, message: str) -> None:
     for node, pool, gpu in (("h100-a", "h100-pool", H100), ("b200-a", "b200-pool", B200)):
         await cluster.create(NODES, gpu_node(node, pool, **gpu))
@@ -216,8 +237,10 @@ async def test_a_refused_pool_fails_alone(cluster: Cluster, code: int, message: 
 
         async def warned() -> bool:
             events = await cluster.items(f"/api/v1/namespaces/{NS}/events")
-            return any(e["reason"] == "InferenceServiceFailed" and e["type"] == "Warning"
-                       and message in e["message"] for e in events)
+            return any(
+                e["reason"] == "InferenceServiceFailed" and e["type"] == "Warning" and message in e["message"]
+                for e in events
+            )
 
         await eventually(warned)
         # The quota is raised: the scheduler's retry (with backoff, no other trigger) creates it.
@@ -241,8 +264,13 @@ async def test_hand_edit_is_reverted(cluster: Cluster) -> None:
         live = (await isvcs(cluster))["clef-h100-pool"]
         container = copy.deepcopy(live["spec"]["predictor"]["containers"][0])
         container["args"].append("--max-num-seqs=1")
-        await cluster.merge(path, {"metadata": {"labels": {"team": "ml"}},
-                                   "spec": {"predictor": {"minReplicas": 5, "containers": [container]}}})
+        await cluster.merge(
+            path,
+            {
+                "metadata": {"labels": {"team": "ml"}},
+                "spec": {"predictor": {"minReplicas": 5, "containers": [container]}},
+            },
+        )
 
         async def repaired() -> bool:
             item = (await isvcs(cluster))["clef-h100-pool"]
@@ -257,8 +285,15 @@ async def test_hand_edit_is_reverted(cluster: Cluster) -> None:
 
 async def test_freed_name_is_taken_at_once(cluster: Cluster) -> None:
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    await cluster.create(ISVCS.format(ns=NS), {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                                               "metadata": {"name": "clef-h100-pool", "namespace": NS}, "spec": {}})
+    await cluster.create(
+        ISVCS.format(ns=NS),
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": "clef-h100-pool", "namespace": NS},
+            "spec": {},
+        },
+    )
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator():
         entry = await pool_state(cluster, "h100-pool", "Conflict", predictorReason="NameTaken")
@@ -327,8 +362,11 @@ async def test_gfd_timestamp_relabel_triggers_nothing(cluster: Cluster) -> None:
         listed = _operator_lists(cluster)
         before = writes(cluster)
         for stamp in range(5):
-            await label(cluster, "h100-a", {"nvidia.com/gfd.timestamp": str(1767225600 + 60 * stamp),
-                                            "nvidia.com/cuda.driver.rev": str(stamp)})
+            await label(
+                cluster,
+                "h100-a",
+                {"nvidia.com/gfd.timestamp": str(1767225600 + 60 * stamp), "nvidia.com/cuda.driver.rev": str(stamp)},
+            )
         await asyncio.sleep(SETTLE)
         assert _operator_lists(cluster) == listed  # not even a reconcile pass
     assert writes(cluster) == before == {("POST", "clef-h100-pool"): 1}
@@ -336,8 +374,11 @@ async def test_gfd_timestamp_relabel_triggers_nothing(cluster: Cluster) -> None:
 
 def _operator_lists(cluster: Cluster) -> int:
     """LIST requests for InferenceServices (each reconcile pass makes one; kopf's watches are not counted)."""
-    return sum(1 for method, path in cluster.emulator.served_requests()
-               if method == "GET" and path.split("?")[0].endswith("/inferenceservices") and "watch=" not in path)
+    return sum(
+        1
+        for method, path in cluster.emulator.served_requests()
+        if method == "GET" and path.split("?")[0].endswith("/inferenceservices") and "watch=" not in path
+    )
 
 
 async def test_deletion_with_the_operator_stopped(cluster: Cluster) -> None:
@@ -359,11 +400,17 @@ async def test_deletion_with_the_operator_stopped(cluster: Cluster) -> None:
 
 
 async def test_variants_per_pool(cluster: Cluster) -> None:
-    for node, pool, gpu in (("l4-a", "ada", L4), ("h100-a", "hopper", H100), ("b200-a", "blackwell", B200),
-                            ("a100-a", "ampere", A100)):
+    for node, pool, gpu in (
+        ("l4-a", "ada", L4),
+        ("h100-a", "hopper", H100),
+        ("b200-a", "blackwell", B200),
+        ("a100-a", "ampere", A100),
+    ):
         await cluster.create(NODES, gpu_node(node, pool, **gpu))
-    variants = [{"quantization": "fp8", "storageUri": "hf://cloudflare/clef-flash-fp8"},
-                {"quantization": "nvfp4", "storageUri": "hf://cloudflare/clef-flash-nvfp4"}]
+    variants = [
+        {"quantization": "fp8", "storageUri": "hf://cloudflare/clef-flash-fp8"},
+        {"quantization": "nvfp4", "storageUri": "hf://cloudflare/clef-flash-nvfp4"},
+    ]
     body = decision()
     body["spec"]["model"] = {"variants": variants}
     await cluster.create(DECISIONS.format(ns=NS), body)
@@ -380,14 +427,22 @@ async def test_variants_per_pool(cluster: Cluster) -> None:
     assert storage("clef-ada") == storage("clef-hopper") == "hf://cloudflare/clef-flash-fp8"
     assert storage("clef-blackwell") == "hf://cloudflare/clef-flash-nvfp4"
     assert {name: entry.get("variant", {}).get("quantization") for name, entry in entries.items()} == {
-        "ada": "fp8", "hopper": "fp8", "blackwell": "nvfp4", "ampere": None}
+        "ada": "fp8",
+        "hopper": "fp8",
+        "blackwell": "nvfp4",
+        "ampere": None,
+    }
     assert entries["ampere"]["state"] == "Ineligible"
     terms = items["clef-blackwell"]["spec"]["predictor"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
     assert [t["matchExpressions"] for t in terms] == [  # 10.0 and later only
         [{"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["10"]}],
-        [{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]},
-         {"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": ["-1"]}]]
+        [
+            {"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]},
+            {"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": ["-1"]},
+        ],
+    ]
     assert items["clef-blackwell"]["metadata"]["annotations"]["clef-serving.io/variant"] == "nvfp4"
     assert sum(writes(cluster).values()) == 3
 
@@ -401,8 +456,12 @@ async def test_single_storage_uri_spec_keeps_working_with_bf16_variant(cluster: 
     await cluster.create(NODES, gpu_node("a100-a", "ampere", **A100))
     await cluster.create(NODES, gpu_node("h100-a", "hopper", **H100))
     body = decision()
-    body["spec"]["model"] = {"variants": [{"quantization": "bf16", "storageUri": "s3://m/bf16"},
-                                          {"quantization": "fp8", "storageUri": "s3://m/fp8"}]}
+    body["spec"]["model"] = {
+        "variants": [
+            {"quantization": "bf16", "storageUri": "s3://m/bf16"},
+            {"quantization": "fp8", "storageUri": "s3://m/fp8"},
+        ]
+    }
     await cluster.create(DECISIONS.format(ns=NS), body)
     async with running_operator():
         await has_isvcs(cluster, {"clef-ampere", "clef-hopper"})
@@ -431,7 +490,10 @@ async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) 
             await changes.pop(0)()
         process = subprocess.Popen(
             [sys.executable, "-m", "clef_operator", "--standalone", "--all-namespaces", "--liveness-port=0"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         await asyncio.sleep(rng.uniform(0.5, 4.0))
         process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(process.wait, 10)
@@ -447,7 +509,9 @@ async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) 
             assert items[f"clef-{pool}"]["spec"] == expected_isvc(spec, pool)
         final = await status(cluster)
     assert {p["name"]: (p["state"], p["inferenceService"]) for p in final["pools"]} == {
-        "h100-pool": ("Serving", "clef-h100-pool"), "l4-pool": ("Serving", "clef-l4-pool")}
+        "h100-pool": ("Serving", "clef-h100-pool"),
+        "l4-pool": ("Serving", "clef-l4-pool"),
+    }
     owners = [ref["name"] for item in items.values() for ref in item["metadata"]["ownerReferences"]]
     assert sorted(owners) == ["clef", "clef", "other"]  # no duplicates, no orphans
     body = await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")

@@ -15,8 +15,11 @@ CONTRACT = Path(__file__).resolve().parents[2] / "operator" / "clef_contract"
 def test_standard_library_only() -> None:
     for source in sorted(CONTRACT.glob("*.py")):
         for node in ast.walk(ast.parse(source.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             for name in names:
                 top = name.split(".")[0]
                 assert top in sys.stdlib_module_names or top == "clef_contract", f"{source.name} imports {name}"
@@ -24,8 +27,13 @@ def test_standard_library_only() -> None:
 
 def test_placeholders_pass_through_unchanged() -> None:
     """The chart generator calls the contract with Helm/KServe placeholders; they must come out as given."""
-    container = c.predictor_container(image="IMG", model_name="{{.Name}}", dp="{{ $rt.gpus }}",
-                                      max_model_len="N", resources={"requests": {"cpu": "1"}})
+    container = c.predictor_container(
+        image="IMG",
+        model_name="{{.Name}}",
+        dp="{{ $rt.gpus }}",
+        max_model_len="N",
+        resources={"requests": {"cpu": "1"}},
+    )
     assert "--model-name={{.Name}}" in container["args"] and "--dp={{ $rt.gpus }}" in container["args"]
     assert container["readinessProbe"]["httpGet"]["path"] == readiness_path("{{.Name}}")
     assert container["livenessProbe"]["httpGet"]["path"] == LIVENESS_PATH

@@ -28,8 +28,11 @@ EXAMPLE = {
         "gpusPerReplica": 1,
         "poolOverrides": [{"name": "h100-pool", "replicas": 2, "gpusPerReplica": 8}],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "predictor": {"resources": {"requests": {"cpu": "8", "memory": "64Gi"}}, "maxModelLen": 8192,
-                      "extraArgs": ["--log-level=info"]},
+        "predictor": {
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
+            "maxModelLen": 8192,
+            "extraArgs": ["--log-level=info"],
+        },
     },
 }
 
@@ -43,8 +46,13 @@ def test_names_scope_and_columns(crd: dict[str, Any]) -> None:
     spec = crd["spec"]
     assert crd["metadata"]["name"] == "clefdecisions.clef-serving.io"
     assert (spec["group"], spec["scope"]) == ("clef-serving.io", "Namespaced")
-    assert spec["names"] == {**spec["names"], "kind": "ClefDecision", "plural": "clefdecisions",
-                             "singular": "clefdecision", "shortNames": ["clef"]}
+    assert spec["names"] == {
+        **spec["names"],
+        "kind": "ClefDecision",
+        "plural": "clefdecisions",
+        "singular": "clefdecision",
+        "shortNames": ["clef"],
+    }
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
@@ -103,11 +111,16 @@ def test_compile_cache_is_one_volume_source(crd: dict[str, Any]) -> None:
     validator = crd_validator(crd, "v1alpha1")
 
     def with_cache(cache: Any) -> dict[str, Any]:
-        return {**EXAMPLE, "spec": {**EXAMPLE["spec"], "predictor": {**EXAMPLE["spec"]["predictor"],
-                                                                      "compileCache": cache}}}
+        return {
+            **EXAMPLE,
+            "spec": {**EXAMPLE["spec"], "predictor": {**EXAMPLE["spec"]["predictor"], "compileCache": cache}},
+        }
 
-    for cache in ({"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
-                  {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}}, {"emptyDir": {}}):
+    for cache in (
+        {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}},
+        {"hostPath": {"path": "/var/cache/clef", "type": "DirectoryOrCreate"}},
+        {"emptyDir": {}},
+    ):
         assert errors(validator, with_cache(cache)) == []
         parse_spec(with_cache(cache)["spec"])
     for cache in ({}, {"emptyDir": {}, "hostPath": {"path": "/x"}}, "emptyDir"):
@@ -128,6 +141,10 @@ def test_built_inferenceservices_match_kserve_schema() -> None:
 
     validator = crd_validator(load_crd(KSERVE_CRD), "v1beta1")
     for spec in (EXAMPLE["spec"], {"model": {"storageUri": "pvc://models/clef"}, "deploymentMode": "Knative"}):
-        body = build_inferenceservice(decision="clef", namespace="ml", spec=parse_spec(spec),
-                                      pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()))
+        body = build_inferenceservice(
+            decision="clef",
+            namespace="ml",
+            spec=parse_spec(spec),
+            pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+        )
         assert errors(validator, body) == []

@@ -73,10 +73,15 @@ async def seed_three_pools(cluster: Cluster) -> None:
 
 async def mark_ready(cluster: Cluster, name: str) -> None:
     """Let KServe report an InferenceService Ready (via its status subresource)."""
-    await cluster.merge(f"{ISVCS.format(ns=NS)}/{name}/status", {"status": {
-        "url": f"http://{name}.{NS}.example.com",
-        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-    }})
+    await cluster.merge(
+        f"{ISVCS.format(ns=NS)}/{name}/status",
+        {
+            "status": {
+                "url": f"http://{name}.{NS}.example.com",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            }
+        },
+    )
 
 
 def volume(predictor: dict[str, Any], name: str) -> dict[str, Any]:
@@ -93,8 +98,12 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         pools = {pool["name"]: pool for pool in current["pools"]}
         assert pools["a100-pool"]["eligible"] is False
         assert pools["a100-pool"]["reason"] == "ComputeCapabilityTooLow"
-        assert pools["a100-pool"]["gpu"] == {"count": 8, "product": "NVIDIA-A100-SXM4-80GB", "family": "ampere",
-                                             "computeCapability": "8.0"}
+        assert pools["a100-pool"]["gpu"] == {
+            "count": 8,
+            "product": "NVIDIA-A100-SXM4-80GB",
+            "family": "ampere",
+            "computeCapability": "8.0",
+        }
         assert pools["h100-pool"]["nodes"] == 2 and pools["h100-pool"]["inferenceService"] == "clef-h100-pool"
         assert condition(current, "NodePoolsEligible")["status"] == "True"
         assert condition(current, "Ready")["status"] == "False"
@@ -125,13 +134,17 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         assert condition(current, "Ready")["status"] == "False"
         assert condition(current, "PredictorsReady")["reason"] == "PredictorsNotReady"
         await mark_ready(cluster, "clef-l4-pool")
-        current = await eventually(lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True"))
+        current = await eventually(
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True")
+        )
         assert current["poolsReady"] == "2/2"
 
         # A spec change updates the children in place.
         cache = {"persistentVolumeClaim": {"claimName": "clef-compile-cache"}}
-        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}",
-                            {"spec": {"predictor": {"maxModelLen": 4096, "compileCache": cache}}})
+        await cluster.merge(
+            f"{DECISIONS.format(ns=NS)}/{DECISION}",
+            {"spec": {"predictor": {"maxModelLen": 4096, "compileCache": cache}}},
+        )
 
         async def updated() -> bool:
             items = await cluster.items(ISVCS.format(ns=NS))
@@ -142,8 +155,16 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
             )
 
         await eventually(updated)
-        expected_reasons = {"InferenceServiceCreated", "InferenceServiceDeleted", "InferenceServiceUpdated",
-                            "PoolDegraded", "PoolEligible", "PoolIneligible", "PredictorsNotReady", "Ready"}
+        expected_reasons = {
+            "InferenceServiceCreated",
+            "InferenceServiceDeleted",
+            "InferenceServiceUpdated",
+            "PoolDegraded",
+            "PoolEligible",
+            "PoolIneligible",
+            "PredictorsNotReady",
+            "Ready",
+        }
 
         async def posted() -> bool:
             events = await cluster.items(f"/api/v1/namespaces/{NS}/events")
@@ -154,8 +175,11 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
         # Delete: no finalizer holds the ClefDecision; garbage collection removes the children.
         await cluster.delete(f"{DECISIONS.format(ns=NS)}/{DECISION}")
         await eventually(lambda: _equals(isvc_names(cluster), []))
-        creates = [path for method, path in cluster.emulator.served_requests()
-                   if method == "POST" and "inferenceservices" in path]
+        creates = [
+            path
+            for method, path in cluster.emulator.served_requests()
+            if method == "POST" and "inferenceservices" in path
+        ]
     assert len(creates) == 3  # h100, l4, b200: never re-created
 
 
@@ -196,11 +220,15 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
     spec = parse_spec((await cluster.get(f"{DECISIONS.format(ns=NS)}/{DECISION}"))["spec"])
     for item in await cluster.items(ISVCS.format(ns=NS)):
         pool = item["metadata"]["annotations"]["clef-serving.io/pool"]
-        fresh = build_inferenceservice(decision=DECISION, namespace=NS, spec=spec,
-                                       pool=NodePool(pool, "cloud.google.com/gke-nodepool", ()))
+        fresh = build_inferenceservice(
+            decision=DECISION, namespace=NS, spec=spec, pool=NodePool(pool, "cloud.google.com/gke-nodepool", ())
+        )
         assert item["spec"] == fresh["spec"]
-    creates = [path for method, path in cluster.emulator.served_requests()
-               if method == "POST" and path.endswith("/inferenceservices")]
+    creates = [
+        path
+        for method, path in cluster.emulator.served_requests()
+        if method == "POST" and path.endswith("/inferenceservices")
+    ]
     assert len(creates) == 3
 
 
@@ -210,15 +238,19 @@ async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) 
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator() as operator:
         current = await eventually(
-            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled"))
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled")
+        )
         assert condition(current, "PredictorsReady")["reason"] == "KServeNotInstalled"
         assert condition(current, "NodePoolsEligible")["status"] == "True"
         assert not operator.done()
 
         await cluster.install_kserve()
         await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
-        await eventually(lambda: _when(status(cluster),
-                                       lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"))
+        await eventually(
+            lambda: _when(
+                status(cluster), lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"
+            )
+        )
 
 
 async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:
@@ -228,12 +260,14 @@ async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) 
     await cluster.create(DECISIONS.format(ns=NS), bad)
     async with running_operator():
         current = await eventually(
-            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "InvalidSpec"))
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "InvalidSpec")
+        )
         assert "spec.model.storageUri" in condition(current, "Ready")["message"]
 
         # Fixing the spec recovers.
-        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}",
-                            {"spec": {"model": {"storageUri": "pvc://models/clef-flash-fp8"}}})
+        await cluster.merge(
+            f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"model": {"storageUri": "pvc://models/clef-flash-fp8"}}}
+        )
         await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
 
 
@@ -275,9 +309,25 @@ def run_scenarios_apart(tmp_path: Path, exclude: str) -> dict[str, set[tuple[str
     """Run every scenario of SCENARIO_MODULES in a separate pytest process; the RBAC requests each made."""
     record = tmp_path / "rbac.json"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.operator.rbac_record",
-         "-k", f"not {exclude}", *(str(HERE / name) for name in sorted(SCENARIO_MODULES))],
-        cwd=REPO, env={**os.environ, RECORD_ENV: str(record)}, capture_output=True, text=True, timeout=840, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.operator.rbac_record",
+            "-k",
+            f"not {exclude}",
+            *(str(HERE / name) for name in sorted(SCENARIO_MODULES)),
+        ],
+        cwd=REPO,
+        env={**os.environ, RECORD_ENV: str(record)},
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
     )
     assert done.returncode == 0, f"the operator scenarios failed:\n{done.stdout[-5000:]}{done.stderr[-3000:]}"
     return {name: {tuple(triple) for triple in triples} for name, triples in json.loads(record.read_text()).items()}
@@ -289,10 +339,13 @@ def test_documented_rbac_matches_requests(
 ) -> None:
     """Every request the operator made is in docs/operator.md's list, and the list has nothing unused."""
     # The scenarios of this module and of test_cluster_life.py (name collisions need `get`).
-    scenarios = [item.name for item in request.session.items
-                 if item.path.name in SCENARIO_MODULES and item.name != request.node.name]
+    scenarios = [
+        item.name
+        for item in request.session.items
+        if item.path.name in SCENARIO_MODULES and item.name != request.node.name
+    ]
     collected = {item.path.name for item in request.session.items}
-    if not SCENARIO_MODULES <= collected or not all(name in observed_rbac for name in scenarios):
+    if not collected >= SCENARIO_MODULES or not all(name in observed_rbac for name in scenarios):
         observed_rbac = run_scenarios_apart(tmp_path, exclude=request.node.name)
         scenarios = list(observed_rbac)
     observed = set().union(*(observed_rbac[name] for name in scenarios))

@@ -16,19 +16,37 @@ def _pools(*nodes: dict[str, Any], label_key: str | None = None) -> list[p.NodeP
     return p.group_into_pools(summaries, label_key)[0]
 
 
-def _evaluate(pool: p.NodePool, *, min_capability: tuple[int, int] = (8, 9), allow_unverified: bool = False,
-              gpus_per_replica: int = 1, include: Any = (), exclude: Any = ()) -> p.PoolDecision:
-    spec = parse_spec({
-        "model": {"storageUri": "s3://m/clef"}, "quantization": "fp8" if min_capability >= (8, 9) else "bf16",
-        "minComputeCapability": f"{min_capability[0]}.{min_capability[1]}", "allowUnverifiedPools": allow_unverified,
-        "gpusPerReplica": gpus_per_replica, "nodePools": {"include": list(include), "exclude": list(exclude)},
-    })
+def _evaluate(
+    pool: p.NodePool,
+    *,
+    min_capability: tuple[int, int] = (8, 9),
+    allow_unverified: bool = False,
+    gpus_per_replica: int = 1,
+    include: Any = (),
+    exclude: Any = (),
+) -> p.PoolDecision:
+    spec = parse_spec(
+        {
+            "model": {"storageUri": "s3://m/clef"},
+            "quantization": "fp8" if min_capability >= (8, 9) else "bf16",
+            "minComputeCapability": f"{min_capability[0]}.{min_capability[1]}",
+            "allowUnverifiedPools": allow_unverified,
+            "gpusPerReplica": gpus_per_replica,
+            "nodePools": {"include": list(include), "exclude": list(exclude)},
+        }
+    )
     return p.evaluate_pool(pool, spec)
 
 
-@pytest.mark.parametrize(("major", "minor", "product"), [
-    (8, 9, "NVIDIA-L4"), (9, 0, "NVIDIA-H100-80GB-HBM3"), (10, 0, "NVIDIA-B200"), (12, 0, "NVIDIA-RTX-PRO-6000"),
-])
+@pytest.mark.parametrize(
+    ("major", "minor", "product"),
+    [
+        (8, 9, "NVIDIA-L4"),
+        (9, 0, "NVIDIA-H100-80GB-HBM3"),
+        (10, 0, "NVIDIA-B200"),
+        (12, 0, "NVIDIA-RTX-PRO-6000"),
+    ],
+)
 def test_fp8_capable_gpus_are_accepted(major: int, minor: int, product: str) -> None:
     (pool,) = _pools(gpu_node("n1", "pool", product=product, major=major, minor=minor))
     decision = _evaluate(pool)
@@ -81,10 +99,22 @@ def test_unlabelled_nodes_do_not_condemn_a_labelled_pool() -> None:
 
 
 def test_declared_pool_without_nodes() -> None:
-    spec = parse_spec({"model": {"storageUri": "s3://m/clef"}, "nodePools": {"declared": [
-        {"name": "karp-h100", "labelKey": "karpenter.sh/nodepool", "computeCapability": "9.0", "gpusPerNode": 8},
-        {"name": "karp-a100", "labelKey": "karpenter.sh/nodepool", "computeCapability": "8.0"},
-    ]}})
+    spec = parse_spec(
+        {
+            "model": {"storageUri": "s3://m/clef"},
+            "nodePools": {
+                "declared": [
+                    {
+                        "name": "karp-h100",
+                        "labelKey": "karpenter.sh/nodepool",
+                        "computeCapability": "9.0",
+                        "gpusPerNode": 8,
+                    },
+                    {"name": "karp-a100", "labelKey": "karpenter.sh/nodepool", "computeCapability": "8.0"},
+                ]
+            },
+        }
+    )
     pools, _ = p.group_into_pools([], None, spec.nodePools.declared)
     decisions = {pool.name: p.evaluate_pool(pool, spec) for pool in pools}
     assert decisions["karp-h100"].eligible and decisions["karp-h100"].reason == p.DECLARED
@@ -111,7 +141,10 @@ def test_mixed_pools_are_decided_independently() -> None:
     )
     assert {pool.name: _evaluate(pool).eligible for pool in pools} == {"a100": False, "h100": True, "l4": True}
     assert {pool.name: _evaluate(pool, min_capability=(8, 0)).eligible for pool in pools} == {
-        "a100": True, "h100": True, "l4": True}
+        "a100": True,
+        "h100": True,
+        "l4": True,
+    }
 
 
 def test_include_exclude_and_gpu_count() -> None:

@@ -19,9 +19,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec}}
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
+    }
 
 
 async def pool_entry(cluster: Cluster, pool: str, name: str = "clef") -> dict[str, Any]:
@@ -34,13 +37,21 @@ async def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
 
 
 async def test_taken_name_backs_off_instead_of_a_post_per_node_event(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """10 node events that each trigger a pass: one POST for the taken name (the backoff outlasts them), one
     Warning, the pool Conflict throughout; the holder's deletion then frees the name at once."""
     monkeypatch.setenv("CLEF_RETRY_BASE_SECONDS", "30")
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    await cluster.create(ISVCS.format(ns=NS), {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                                               "metadata": {"name": "clef-h100-pool", "namespace": NS}, "spec": {}})
+    await cluster.create(
+        ISVCS.format(ns=NS),
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": "clef-h100-pool", "namespace": NS},
+            "spec": {},
+        },
+    )
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator():
         await eventually(lambda: _state_is(cluster, "h100-pool", "Conflict"))
@@ -54,8 +65,10 @@ async def test_taken_name_backs_off_instead_of_a_post_per_node_event(
         assert posts[("POST", "clef-h100-pool")] == 1
         assert (await pool_entry(cluster, "h100-pool"))["state"] == "Conflict"
         assert await events(cluster, "NameTaken") == warned  # said once, not once per pass
-        assert any(e["type"] == "Warning" and e["message"].startswith("node pool h100-pool: an InferenceService")
-                   for e in warned)
+        assert any(
+            e["type"] == "Warning" and e["message"].startswith("node pool h100-pool: an InferenceService")
+            for e in warned
+        )
         await cluster.delete(f"{ISVCS.format(ns=NS)}/clef-h100-pool")
         await eventually(lambda: _state_is(cluster, "h100-pool", "Serving"), timeout=10)
     assert len(await events(cluster, "NameTaken")) == len(warned)
@@ -71,10 +84,16 @@ async def _nodes_are(cluster: Cluster, pool: str, count: int) -> bool:
 
 def operator_lists(cluster: Cluster) -> int:
     """InferenceService lists the operator sent: one per reconciliation pass."""
-    return sum(1 for r in cluster.emulator._requests
-               if not r.headers.get("User-Agent", "").startswith("kmock/") and str(r.method.value) == "GET"
-               and r.resource is not None and r.resource.plural == "inferenceservices" and r.name is None
-               and r.params.get("watch") not in ("true", "1"))
+    return sum(
+        1
+        for r in cluster.emulator._requests
+        if not r.headers.get("User-Agent", "").startswith("kmock/")
+        and str(r.method.value) == "GET"
+        and r.resource is not None
+        and r.resource.plural == "inferenceservices"
+        and r.name is None
+        and r.params.get("watch") not in ("true", "1")
+    )
 
 
 async def test_status_updates_of_many_inferenceservices_are_coalesced(cluster: Cluster) -> None:
@@ -84,9 +103,11 @@ async def test_status_updates_of_many_inferenceservices_are_coalesced(cluster: C
         await cluster.create(NODES, gpu_node(f"h100-{index}", f"pool{index}", **H100))
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator():
+
         async def created() -> list[dict[str, Any]] | None:
             items = await cluster.items(ISVCS.format(ns=NS))
             return items if len(items) == pools else None
+
         items = await eventually(created, timeout=60)
         await asyncio.sleep(1.5)
         before = operator_lists(cluster)
@@ -99,6 +120,7 @@ async def test_status_updates_of_many_inferenceservices_are_coalesced(cluster: C
         async def all_ready() -> bool:
             status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")).get("status") or {}
             return status.get("poolsReady") == f"{pools}/{pools}"
+
         await eventually(all_ready, timeout=30)
         await asyncio.sleep(1.5)
         passes = operator_lists(cluster) - before
@@ -113,12 +135,15 @@ async def test_stripped_owner_reference_is_restored_and_the_child_dies_with_its_
 
     async def owners() -> list[str]:
         items = {i["metadata"]["name"]: i for i in await cluster.items(ISVCS.format(ns=NS))}
-        return [ref["name"] for ref in (items.get("clef-h100-pool", {}).get("metadata", {})
-                                        .get("ownerReferences") or [])]
+        return [
+            ref["name"] for ref in (items.get("clef-h100-pool", {}).get("metadata", {}).get("ownerReferences") or [])
+        ]
+
     async with running_operator():
         await eventually(owners)
-        await cluster.request("PATCH", path, [{"op": "remove", "path": "/metadata/ownerReferences"}],
-                              "application/json-patch+json")
+        await cluster.request(
+            "PATCH", path, [{"op": "remove", "path": "/metadata/ownerReferences"}], "application/json-patch+json"
+        )
         assert await owners() == []
         assert await eventually(owners, timeout=5) == ["clef"]  # at once, not at the next resync
         assert (await pool_entry(cluster, "h100-pool"))["state"] == "Serving"
@@ -137,6 +162,7 @@ async def test_an_included_pool_that_does_not_exist_is_named(cluster: Cluster) -
     async def ready() -> dict[str, Any] | None:
         status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")).get("status") or {}
         return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+
     async with running_operator():
         condition = await eventually(ready)
     assert condition["status"] == "False"

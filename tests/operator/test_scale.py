@@ -19,9 +19,12 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def decision(name: str) -> dict[str, Any]:
-    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}}}
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}},
+    }
 
 
 async def _all_serving(cluster: Cluster, names: list[str]) -> bool:
@@ -58,13 +61,21 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
         passes = len(cluster.emulator.served_requests())
         for node in range(0, POOLS * NODES_PER_POOL, 7):  # heartbeats and an unrelated label
             name = f"n{node // NODES_PER_POOL}-{node % NODES_PER_POOL}"
-            await cluster.merge(f"{NODES}/{name}", {"metadata": {"labels": {"heartbeat": str(node)}},
-                                                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+            await cluster.merge(
+                f"{NODES}/{name}",
+                {
+                    "metadata": {"labels": {"heartbeat": str(node)}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                },
+            )
         await asyncio.sleep(6)  # several resyncs of every ClefDecision
         after = cluster.emulator.all_operator_writes()[before:]
         lists = [p for m, p in cluster.emulator.served_requests()[passes:] if m == "GET" and "inferenceservices" in p]
-        posted = [(r.data or {}).get("reason") for r in cluster.emulator._requests[passes:]
-                  if str(r.method.value) == "POST" and str(r.url.path).endswith("/events")]
+        posted = [
+            (r.data or {}).get("reason")
+            for r in cluster.emulator._requests[passes:]
+            if str(r.method.value) == "POST" and str(r.url.path).endswith("/events")
+        ]
         print(f"steady state: {len(after)} writes over {len(lists)} InferenceService lists (passes): {Counter(posted)}")
     assert len(lists) >= 3 * len(names)  # passes did run
     assert Counter(after) == Counter()

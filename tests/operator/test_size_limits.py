@@ -27,9 +27,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def decision(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": "clef", "namespace": NS},
-            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec}}
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": "clef", "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
+    }
 
 
 def largest_spec() -> dict[str, Any]:
@@ -41,8 +44,10 @@ def largest_spec() -> dict[str, Any]:
         imagePullSecrets=[{"name": f"s{i}" + "s" * 250} for i in range(spec_module.MAX_PULL_SECRETS)],
         predictor={
             "extraArgs": [arg] * spec_module.MAX_EXTRA_ARGS,
-            "env": [{"name": f"E{i}" + "N" * (spec_module.MAX_ENV_NAME - 4), "value": "v" * spec_module.MAX_ENV_VALUE}
-                    for i in range(spec_module.MAX_ENV)],
+            "env": [
+                {"name": f"E{i}" + "N" * (spec_module.MAX_ENV_NAME - 4), "value": "v" * spec_module.MAX_ENV_VALUE}
+                for i in range(spec_module.MAX_ENV)
+            ],
         },
     )["spec"]
 
@@ -60,8 +65,12 @@ def test_largest_accepted_spec_yields_objects_within_the_limits() -> None:
     spec = largest_spec()
     body = decision(**spec)
     assert errors(crd_validator(clef_crd(), "v1alpha1"), body) == []
-    built = build_inferenceservice(decision="clef", namespace=NS, spec=parse_spec(spec),
-                                   pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()))
+    built = build_inferenceservice(
+        decision="clef",
+        namespace=NS,
+        spec=parse_spec(spec),
+        pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+    )
     size = len(json.dumps(built, separators=(",", ":")))
     assert size < MAX_INFERENCESERVICE_BYTES < MAX_OBJECT_BYTES
     assert len(json.dumps(body)) < MAX_OBJECT_BYTES
@@ -75,9 +84,11 @@ async def test_large_spec_converges_under_the_api_servers_limits(cluster: Cluste
     assert len(json.dumps(spec)) > MAX_ANNOTATIONS_BYTES
     await cluster.create(DECISIONS.format(ns=NS), decision(**spec))
     async with running_operator():
+
         async def handled() -> str | None:
             body = await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")
             return (body["metadata"].get("annotations") or {}).get(LAST_HANDLED)
+
         stored = await eventually(handled)
         assert stored.startswith(DIGEST_PREFIX) and len(stored) == len(DIGEST_PREFIX) + 64
         await eventually(lambda: _isvc_names(cluster))
@@ -86,6 +97,7 @@ async def test_large_spec_converges_under_the_api_servers_limits(cluster: Cluste
         async def applied() -> bool:
             items = await cluster.items(ISVCS.format(ns=NS))
             return bool(items) and "--max-model-len=4096" in items[0]["spec"]["predictor"]["containers"][0]["args"]
+
         await eventually(applied)
         assert (await eventually(lambda: _changed(handled(), stored))).startswith(DIGEST_PREFIX)
 
@@ -99,21 +111,26 @@ async def _isvc_names(cluster: Cluster) -> set[str]:
     return {item["metadata"]["name"] for item in await cluster.items(ISVCS.format(ns=NS))}
 
 
-async def test_too_large_inferenceservice_is_reported_not_sent(cluster: Cluster,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_too_large_inferenceservice_is_reported_not_sent(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """affinity is free-form (Kubernetes' own schema): more of it than the operator sends in an
     InferenceService is reported on the pool, and nothing is POSTed. (The limit is lowered to 200 kB here:
     the emulator's HTTP server reads bodies up to 1 MiB.)"""
     monkeypatch.setattr(reconcile, "MAX_INFERENCESERVICE_BYTES", 200_000)
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     terms = [{"weight": 1, "podAffinityTerm": {"topologyKey": "t" * 60_000, "labelSelector": {}}}] * 4
-    await cluster.create(DECISIONS.format(ns=NS), decision(
-        affinity={"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}))
+    await cluster.create(
+        DECISIONS.format(ns=NS),
+        decision(affinity={"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}),
+    )
     async with running_operator():
+
         async def failed() -> dict[str, Any] | None:
             status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")).get("status") or {}
             pool = next(iter(status.get("pools") or []), {})
             return pool if pool.get("state") == "Failed" else None
+
         pool = await eventually(failed)
     assert "would take" in pool["predictorMessage"] and "spec.affinity" in pool["predictorMessage"]
     assert cluster.emulator.operator_writes("inferenceservices") == []

@@ -14,44 +14,63 @@ from clef_operator.spec import InvalidSpecError, check_host_path, parse_duration
 MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"model": {"storageUri": "http://x"}}, "spec.model.storageUri"),
-    ({}, "spec.model"),
-    ({"model": MODEL, "quantization": "int8"}, "spec.quantization"),
-    ({"model": MODEL, "minComputeCapability": "8.0"}, "at least 8.9"),
-    ({"model": MODEL, "gpusPerReplica": 0}, "spec.gpusPerReplica"),
-    ({"model": MODEL, "predictor": {"extraArgs": ["--dp=2"]}}, "--dp is set by the operator"),
-    ({"model": MODEL, "nodePools": {"include": ["a"], "exclude": ["a"]}}, "both include and exclude"),
-    ({"model": MODEL, "poolOverrides": [{"name": "a"}, {"name": "a"}]}, "more than once"),
-    ({"model": MODEL, "predictor": {"resources": {"claims": {}}}}, "spec.predictor.resources"),
-    ({"model": MODEL, "predictor": {"resources": {"requests": {"cpu": "lots"}}}},
-     "spec.predictor.resources.requests.cpu: Value error, 'lots' is not a Kubernetes quantity"),
-    ({"model": MODEL, "predictor": {"shmSize": "big"}}, "spec.predictor.shmSize"),
-    ({"model": MODEL, "predictor": {"extraArgs": ["--host=127.0.0.1"]}}, "--host is set by the operator"),
-    ({"model": MODEL, "nodePools": {"removalGracePeriod": "ten minutes"}}, "spec.nodePools.removalGracePeriod"),
-    ({"model": MODEL, "nodePools": {"declared": [{"name": "k", "computeCapability": "9.0"}]}}, "needs a labelKey"),
-    ({"model": {"storageUri": "s3://a", "variants": [{"quantization": "fp8", "storageUri": "s3://b"}]}},
-     "exactly one of storageUri and variants"),
-    ({"model": {"variants": [{"quantization": "nvfp4", "storageUri": "s3://b", "minComputeCapability": "9.0"}]}},
-     "at least 10.0 for nvfp4"),
-    ({"model": MODEL, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas may not exceed"),
-    ({"model": MODEL, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
-     "set by the operator"),
-    ({"model": MODEL, "typo": True}, "spec.typo"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"model": {"storageUri": "http://x"}}, "spec.model.storageUri"),
+        ({}, "spec.model"),
+        ({"model": MODEL, "quantization": "int8"}, "spec.quantization"),
+        ({"model": MODEL, "minComputeCapability": "8.0"}, "at least 8.9"),
+        ({"model": MODEL, "gpusPerReplica": 0}, "spec.gpusPerReplica"),
+        ({"model": MODEL, "predictor": {"extraArgs": ["--dp=2"]}}, "--dp is set by the operator"),
+        ({"model": MODEL, "nodePools": {"include": ["a"], "exclude": ["a"]}}, "both include and exclude"),
+        ({"model": MODEL, "poolOverrides": [{"name": "a"}, {"name": "a"}]}, "more than once"),
+        ({"model": MODEL, "predictor": {"resources": {"claims": {}}}}, "spec.predictor.resources"),
+        (
+            {"model": MODEL, "predictor": {"resources": {"requests": {"cpu": "lots"}}}},
+            "spec.predictor.resources.requests.cpu: Value error, 'lots' is not a Kubernetes quantity",
+        ),
+        ({"model": MODEL, "predictor": {"shmSize": "big"}}, "spec.predictor.shmSize"),
+        ({"model": MODEL, "predictor": {"extraArgs": ["--host=127.0.0.1"]}}, "--host is set by the operator"),
+        ({"model": MODEL, "nodePools": {"removalGracePeriod": "ten minutes"}}, "spec.nodePools.removalGracePeriod"),
+        ({"model": MODEL, "nodePools": {"declared": [{"name": "k", "computeCapability": "9.0"}]}}, "needs a labelKey"),
+        (
+            {"model": {"storageUri": "s3://a", "variants": [{"quantization": "fp8", "storageUri": "s3://b"}]}},
+            "exactly one of storageUri and variants",
+        ),
+        (
+            {"model": {"variants": [{"quantization": "nvfp4", "storageUri": "s3://b", "minComputeCapability": "9.0"}]}},
+            "at least 10.0 for nvfp4",
+        ),
+        ({"model": MODEL, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas may not exceed"),
+        (
+            {"model": MODEL, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+            "set by the operator",
+        ),
+        ({"model": MODEL, "typo": True}, "spec.typo"),
+    ],
+)
 def test_invalid_specs_name_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidSpecError, match=field.replace(".", r"\.")):
         parse_spec(spec)
 
 
-@pytest.mark.parametrize(("cache", "message"), [
-    ({}, "must name exactly one volume source"),
-    ({"emptyDir": {}, "hostPath": {"path": "/x"}}, "found 2: emptyDir, hostPath"),
-    ({"name": "c", "emptyDir": {}}, ("name is set by the operator (the volume is always named compile-cache); "
-                                    "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}")),
-    ({"configMap": {"name": "c"}}, "'configMap' is not a writable Kubernetes volume source"),
-    ({"hostPath": "/var/cache/clef"}, "hostPath must be an object"),
-])
+@pytest.mark.parametrize(
+    ("cache", "message"),
+    [
+        ({}, "must name exactly one volume source"),
+        ({"emptyDir": {}, "hostPath": {"path": "/x"}}, "found 2: emptyDir, hostPath"),
+        (
+            {"name": "c", "emptyDir": {}},
+            (
+                "name is set by the operator (the volume is always named compile-cache); "
+                "give only the volume source, e.g. {persistentVolumeClaim: {claimName: ...}}"
+            ),
+        ),
+        ({"configMap": {"name": "c"}}, "'configMap' is not a writable Kubernetes volume source"),
+        ({"hostPath": "/var/cache/clef"}, "hostPath must be an object"),
+    ],
+)
 def test_compile_cache_must_be_one_writable_volume_source(cache: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec({"model": MODEL, "predictor": {"compileCache": cache}})
@@ -79,8 +98,12 @@ def _decision(name: str, eligible: bool) -> PoolDecision:
 
 
 def _isvc(ready: bool) -> dict[str, Any]:
-    return {"status": {"url": "http://x", "conditions": [
-        {"type": "Ready", "status": "True" if ready else "False", "reason": "Loading"}]}}
+    return {
+        "status": {
+            "url": "http://x",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "Loading"}],
+        }
+    }
 
 
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -129,13 +152,24 @@ def test_duration_and_host_path_policy() -> None:
 
 
 def test_variants_best_first() -> None:
-    spec = parse_spec({"model": {"variants": [
-        {"quantization": "bf16", "storageUri": "s3://m/bf16"},
-        {"quantization": "fp8", "storageUri": "s3://m/fp8"},
-        {"quantization": "nvfp4", "storageUri": "s3://m/nvfp4"},
-    ]}})
+    spec = parse_spec(
+        {
+            "model": {
+                "variants": [
+                    {"quantization": "bf16", "storageUri": "s3://m/bf16"},
+                    {"quantization": "fp8", "storageUri": "s3://m/fp8"},
+                    {"quantization": "nvfp4", "storageUri": "s3://m/nvfp4"},
+                ]
+            }
+        }
+    )
     assert [spec.best_variant(cc).quantization for cc in [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)]] == [
-        "bf16", "fp8", "fp8", "nvfp4", "nvfp4"]
+        "bf16",
+        "fp8",
+        "fp8",
+        "nvfp4",
+        "nvfp4",
+    ]
     assert spec.min_capability == (8, 0)
     fp8_only = parse_spec({"model": MODEL})
     assert fp8_only.best_variant((8, 6)) is None and fp8_only.best_variant((10, 0)).quantization == "fp8"
@@ -150,7 +184,8 @@ def test_cli_defaults() -> None:
         build_parser().parse_args(["-n", "a", "--all-namespaces"])
     assert build_parser().parse_args([]).allow_host_path_prefix == []
     assert build_parser().parse_args(["--allow-host-path-prefix", "/var/cache/clef"]).allow_host_path_prefix == [
-        "/var/cache/clef"]
+        "/var/cache/clef"
+    ]
 
 
 def test_kopf_watches_and_calls_are_bounded() -> None:

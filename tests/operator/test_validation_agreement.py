@@ -17,8 +17,10 @@ def crd_errors(spec: dict[str, Any]) -> list[str]:
     """What the API server would refuse in a ClefDecision with this spec."""
     crd = clef_crd()
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    body = apply_defaults(schema, {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-                                   "metadata": {"name": "c"}, "spec": spec})
+    body = apply_defaults(
+        schema,
+        {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision", "metadata": {"name": "c"}, "spec": spec},
+    )
     return errors(crd_validator(crd, "v1alpha1"), body) + rule_errors(schema["properties"]["spec"], body["spec"])
 
 

@@ -31,9 +31,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "clef-serving.io/v1alpha1", "kind": "ClefDecision",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec}}
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
+    }
 
 
 async def max_model_len(cluster: Cluster, isvc: str) -> str | None:
@@ -52,10 +55,10 @@ def test_kopf_internals_the_healing_replaces() -> None:
     assert "continuous_watch" in loop_names
     original = watch_healing._original_continuous_watch
     assert "watch_objs" in original.__code__.co_names
-    assert set(inspect.signature(original).parameters) == {
-        "settings", "resource", "namespace", "operator_pause_waiter"}
+    assert set(inspect.signature(original).parameters) == {"settings", "resource", "namespace", "operator_pause_waiter"}
     assert {"settings", "resource", "namespace"} <= set(
-        inspect.signature(watch_healing._original_watch_objs).parameters)
+        inspect.signature(watch_healing._original_watch_objs).parameters
+    )
     assert "WatchingError" in inspect.getsource(original)
     assert issubclass(kopf_watching.WatchingError, watch_healing.HEALABLE)
 
@@ -72,12 +75,13 @@ async def test_failed_cycle_backs_off_and_replays_deletions(monkeypatch: pytest.
     settings = kopf.OperatorSettings()
     a, b = ({"metadata": {"uid": uid, "name": uid}} for uid in ("a", "b"))
     cycles = [
-        ([{"type": None, "object": a}, {"type": None, "object": b}, kopf_watching.Bookmark.LISTED],
-         kopf_watching.WatchingError("ERROR 500")),
+        (
+            [{"type": None, "object": a}, {"type": None, "object": b}, kopf_watching.Bookmark.LISTED],
+            kopf_watching.WatchingError("ERROR 500"),
+        ),
         ([{"type": None, "object": b}, kopf_watching.Bookmark.LISTED], None),  # a went while down
     ]
-    monkeypatch.setattr(watch_healing, "_original_continuous_watch",
-                        lambda **_: _fake_cycle(*cycles.pop(0)))
+    monkeypatch.setattr(watch_healing, "_original_continuous_watch", lambda **_: _fake_cycle(*cycles.pop(0)))
     loop = asyncio.get_running_loop()
     start = loop.time()
     first = [item async for item in watch_healing.continuous_watch(settings=settings, resource="r", namespace=None)]
@@ -179,8 +183,19 @@ async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: Clus
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])}
     process = subprocess.Popen(
-        [sys.executable, "-m", "clef_operator", "--standalone", "--all-namespaces", f"--liveness-port={port}",
-         "--liveness-host=127.0.0.1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "clef_operator",
+            "--standalone",
+            "--all-namespaces",
+            f"--liveness-port={port}",
+            "--liveness-host=127.0.0.1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await eventually(lambda: max_model_len(cluster, "clef-h100-pool"), timeout=30)
         for plural in ("clefdecisions", "nodes", "inferenceservices"):

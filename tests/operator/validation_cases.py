@@ -14,11 +14,22 @@ VALID: list[dict[str, Any]] = [
     {"quantization": "nvfp4", "minComputeCapability": "10.0"},
     {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     {"nodePools": {"include": ["a"], "exclude": ["b"]}, "poolOverrides": [{"name": "a", "replicas": 2}]},
-    {"predictor": {"extraArgs": ["--gpu-memory-utilization=0.9"], "maxModelLen": 4096,
-                   "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
-                   "compileCache": {"persistentVolumeClaim": {"claimName": "c"}}}},
-    {"model": {"variants": [{"quantization": "fp8", "storageUri": "s3://m/fp8"},
-                            {"quantization": "bf16", "storageUri": "s3://m/bf16"}]}},
+    {
+        "predictor": {
+            "extraArgs": ["--gpu-memory-utilization=0.9"],
+            "maxModelLen": 4096,
+            "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
+            "compileCache": {"persistentVolumeClaim": {"claimName": "c"}},
+        }
+    },
+    {
+        "model": {
+            "variants": [
+                {"quantization": "fp8", "storageUri": "s3://m/fp8"},
+                {"quantization": "bf16", "storageUri": "s3://m/bf16"},
+            ]
+        }
+    },
     {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "keda": {"serverAddress": "http://prom:9090"}}},
     {"nodePools": {"labelKey": "pool", "declared": [{"name": "p", "computeCapability": "9.0"}]}},
 ]
@@ -44,13 +55,23 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"predictor": {"compileCache": {"name": "c"}}}, "compileCache"),
     ({"model": {"storageUri": "ftp://x"}}, "storageUri"),
     ({"model": {"storageUri": "s3://x", "variants": [{"quantization": "fp8", "storageUri": "s3://y"}]}}, "model"),
-    ({"model": {"variants": [{"quantization": "fp8", "storageUri": "s3://a"},
-                             {"quantization": "fp8", "storageUri": "s3://b"}]}}, "variants"),
-    ({"model": {"variants": [{"quantization": "nvfp4", "storageUri": "s3://a", "minComputeCapability": "9.0"}]}},
-     "variants"),
+    (
+        {
+            "model": {
+                "variants": [
+                    {"quantization": "fp8", "storageUri": "s3://a"},
+                    {"quantization": "fp8", "storageUri": "s3://b"},
+                ]
+            }
+        },
+        "variants",
+    ),
+    (
+        {"model": {"variants": [{"quantization": "nvfp4", "storageUri": "s3://a", "minComputeCapability": "9.0"}]}},
+        "variants",
+    ),
     ({"autoscaling": {"minReplicas": 4, "maxReplicas": 3}}, "autoscaling"),
-    ({"autoscaling": {"maxReplicas": 3, "scaleMetric": "rps", "keda": {"serverAddress": "http://p"}}},
-     "autoscaling"),
+    ({"autoscaling": {"maxReplicas": 3, "scaleMetric": "rps", "keda": {"serverAddress": "http://p"}}}, "autoscaling"),
     ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}, "affinity"),
     ({"replicas": 0}, "replicas"),
     ({"nodePools": {"declared": [{"name": "p", "computeCapability": "9.0"}]}}, "nodePools"),

@@ -23,8 +23,8 @@ import sysconfig
 import tarfile
 import venv
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -61,7 +61,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
         target = out / name
         done = subprocess.run(
             [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(target), str(source)],
-            capture_output=True, text=True, timeout=600, check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         (wheel,) = target.glob("*.whl")
@@ -72,8 +75,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
 
 def _modules(packages: list[Path]) -> set[str]:
     """Every Python module of the source packages, as a path relative to the package's parent."""
-    return {str(path.relative_to(package.parent)) for package in packages for path in package.rglob("*.py")
-            if "__pycache__" not in path.parts}
+    return {
+        str(path.relative_to(package.parent))
+        for package in packages
+        for path in package.rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
 
 
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
@@ -94,8 +101,12 @@ def _fresh_venv(path: Path, reuse_site_packages: bool) -> Path:
     venv.EnvBuilder(with_pip=False).create(path)
     python = path / "bin" / "python"
     if reuse_site_packages:
-        purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
+        purelib = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         # A plain path line: the directory is importable, but its .pth files (the editable installs' import
         # hooks) are not executed.
         (Path(purelib) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -126,8 +137,14 @@ def _clean_env(home: Path) -> dict[str, str]:
 
 def _installed_modules(python: Path, distribution: str) -> set[str]:
     """The Python modules an installed distribution put into site-packages (from its RECORD)."""
-    purelib = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (record,) = purelib.glob(f"{distribution.replace('-', '_')}-*.dist-info/RECORD")
     return {line.split(",")[0] for line in record.read_text().splitlines() if line.split(",")[0].endswith(".py")}
 
@@ -144,9 +161,17 @@ def test_installed_predictor_answers_a_request(
     env = _clean_env(tmp_path)
 
     where = subprocess.run(
-        [python, "-c", "import json, sys, predictor.engines, clef_tools.tiny; "
-                       "print(json.dumps([predictor.engines.__file__, sys.path]))"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+        [
+            python,
+            "-c",
+            "import json, sys, predictor.engines, clef_tools.tiny; "
+            "print(json.dumps([predictor.engines.__file__, sys.path]))",
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     module_file, path = json.loads(where.stdout)
     assert Path(module_file).is_relative_to(tmp_path / "venv"), module_file
@@ -163,10 +188,25 @@ def test_installed_predictor_answers_a_request(
     with log.open("wb") as log_file:
         try:
             server = start_and_wait(
-                [python, "-m", "predictor", "--engine", "transformers", "--http_port", str(port),
-                 "--enable_grpc", "false"],
-                lambda: http_ok(f"http://127.0.0.1:{port}/v1/models/clef-flash"), STARTUP_TIMEOUT_S, interval=0.5,
-                what="the installed predictor", cwd=elsewhere, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                [
+                    python,
+                    "-m",
+                    "predictor",
+                    "--engine",
+                    "transformers",
+                    "--http_port",
+                    str(port),
+                    "--enable_grpc",
+                    "false",
+                ],
+                lambda: http_ok(f"http://127.0.0.1:{port}/v1/models/clef-flash"),
+                STARTUP_TIMEOUT_S,
+                interval=0.5,
+                what="the installed predictor",
+                cwd=elsewhere,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
             )
         except NotReady as exc:
             pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-5000:]}")
@@ -188,17 +228,25 @@ def test_installed_operator_needs_no_model_stack(
     _install(python, built["clef-serving-operator"][kind], with_dependencies=True)
     env = _clean_env(tmp_path)
 
-    help_text = subprocess.run([python, "-m", "clef_operator", "--help"], cwd=elsewhere, env=env,
-                               capture_output=True, text=True, check=True).stdout
+    help_text = subprocess.run(
+        [python, "-m", "clef_operator", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert "--all-namespaces" in help_text
     probe = subprocess.run(
-        [python, "-c",
-         "import importlib.util, json, sys\n"
-         "import clef_operator.handlers, clef_contract.predictor\n"
-         "print(json.dumps({'installed': [m for m in ('torch', 'transformers', 'vllm', 'kserve', 'clef_head')"
-         " if importlib.util.find_spec(m)], 'imported': [m for m in ('torch', 'transformers') if m in sys.modules],"
-         " 'from': clef_operator.handlers.__file__}))"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+        [
+            python,
+            "-c",
+            "import importlib.util, json, sys\n"
+            "import clef_operator.handlers, clef_contract.predictor\n"
+            "print(json.dumps({'installed': [m for m in ('torch', 'transformers', 'vllm', 'kserve', 'clef_head')"
+            " if importlib.util.find_spec(m)], 'imported': [m for m in ('torch', 'transformers') if m in sys.modules],"
+            " 'from': clef_operator.handlers.__file__}))",
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     seen = json.loads(probe.stdout)
     assert seen == {"installed": [], "imported": [], "from": seen["from"]}

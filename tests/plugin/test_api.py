@@ -64,7 +64,8 @@ def test_engine_kwargs() -> None:
     assert kwargs["tensor_parallel_size"] == 2
     assert "max_num_batched_tokens" not in kwargs
     assert kwargs["compilation_config"] == {
-        "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": clef_plugin.api.prefill_capture_sizes(8192),
+        "cudagraph_mode": "PIECEWISE",
+        "cudagraph_capture_sizes": clef_plugin.api.prefill_capture_sizes(8192),
     }
 
 
@@ -145,6 +146,8 @@ def test_option_logits() -> None:
     values = clef_plugin.option_logits(_output(torch.tensor([0.5, -1.0], dtype=torch.bfloat16)))
     assert values.dtype == torch.float32 and values.tolist() == [0.5, -1.0]
     with pytest.raises(LayoutError, match="request r1: layout.questions\\[0\\].type must be 0, 1 or 2"):
-        clef_plugin.option_logits(_output(error_record("layout.questions[0].type must be 0, 1 or 2", torch.device("cpu"))))
+        clef_plugin.option_logits(
+            _output(error_record("layout.questions[0].type must be 0, 1 or 2", torch.device("cpu")))
+        )
     with pytest.raises(RuntimeError, match="returned no option logits"):
         clef_plugin.option_logits(_output(torch.empty(0)))

@@ -34,4 +34,6 @@ def test_parity_with_prompts_split_over_many_steps(llm: Any, parity_reference: S
     lengths = sorted(len(item.input_ids) for item in encoded)
     assert lengths[0] > TOKEN_BUDGET and lengths[len(lengths) // 2] > 2 * TOKEN_BUDGET
     logits = encode_with_engine(llm, encoded)
-    assert_parity(f"vllm cpu, bf16, chunked prefill ({TOKEN_BUDGET}-token steps)", encoded, reference, logits, TOLERANCE)
+    assert_parity(
+        f"vllm cpu, bf16, chunked prefill ({TOKEN_BUDGET}-token steps)", encoded, reference, logits, TOLERANCE
+    )

@@ -41,7 +41,9 @@ def test_prefix_caching_is_forced_off(llm: Any) -> None:
 def test_head_in_subfolder_matches_reference_and_repeats_exactly(llm: Any, layout_reference: Scored) -> None:
     """The clef_head/ layout loads; the same prompts scored twice give the same logits."""
     first = encode_with_engine(llm, layout_reference.encoded)
-    assert_parity("vllm cpu, bf16, head in clef_head/", layout_reference.encoded, layout_reference.logits, first, TOLERANCE)
+    assert_parity(
+        "vllm cpu, bf16, head in clef_head/", layout_reference.encoded, layout_reference.logits, first, TOLERANCE
+    )
     again = encode_with_engine(llm, layout_reference.encoded)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 

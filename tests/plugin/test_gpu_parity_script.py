@@ -31,7 +31,11 @@ def script() -> ModuleType:
 def test_help_runs_without_a_gpu() -> None:
     """``--help`` lists the cases."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench.plugin_gpu_parity", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "bench.plugin_gpu_parity", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "bf16-eager" in result.stdout and "fp8-graph" in result.stdout
 

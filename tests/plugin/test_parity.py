@@ -32,7 +32,7 @@ def test_head_sees_many_records_per_forward(llm: Any, parity_reference: Scored) 
         head = model.pooler.head
         forward = head.forward
 
-        def counting(hidden_states, *args, **kwargs):  # noqa: ANN001, ANN202
+        def counting(hidden_states, *args, **kwargs):
             batch_sizes.append(len(hidden_states))
             return forward(hidden_states, *args, **kwargs)
 

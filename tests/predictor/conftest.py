@@ -6,9 +6,9 @@ import ipaddress
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -52,8 +52,14 @@ def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) ->
     """Start ``python -m predictor``; return once it is ready, recording probe answers seen during warm-up."""
     port = free_port()
     command = [
-        sys.executable, "-m", "predictor",
-        "--http_port", str(port), "--model-name", MODEL_NAME, *args,
+        sys.executable,
+        "-m",
+        "predictor",
+        "--http_port",
+        str(port),
+        "--model-name",
+        MODEL_NAME,
+        *args,
     ]
     return start_server(tmp, command, port, env)
 

@@ -112,7 +112,7 @@ def _json(value: Any) -> bytes:
 
 @pytest.mark.parametrize(
     "value",
-    [[1, 2, [3, {}]], {"a": [1, "x,y"], "b": {"c": None}}, "a,b,c", [], {"k": "\\\",[{"}],
+    [[1, 2, [3, {}]], {"a": [1, "x,y"], "b": {"c": None}}, "a,b,c", [], {"k": '\\",[{'}],
 )
 def test_counts_are_exact_for_json(value: Any) -> None:
     def walk(item: Any) -> tuple[int, int]:

@@ -26,7 +26,9 @@ def test_param_paths_round_trip(param: str) -> None:
 
 
 def test_error_body_has_our_object_and_fastapis_detail() -> None:
-    body = invalid_field("a choice question needs 2 to 255 labels, got 1", ("questions", "q", "criteria"), "value_error").body()
+    body = invalid_field(
+        "a choice question needs 2 to 255 labels, got 1", ("questions", "q", "criteria"), "value_error"
+    ).body()
     message = "questions.q.criteria: a choice question needs 2 to 255 labels, got 1"
     assert body["error"] == {"message": message, "type": "invalid_request_error", "param": "questions.q.criteria"}
     assert body["detail"] == [{"loc": ["body", "questions", "q", "criteria"], "msg": message, "type": "value_error"}]
@@ -63,13 +65,24 @@ def test_key_file_is_read_again_when_it_changes(tmp_path: Path, monkeypatch: pyt
 def test_route_guard() -> None:
     guard = RouteGuardMiddleware(lambda *_: None, served_names=("clef-flash", "jev-latest"))
     for path in (
-        "/v2/repository/models/clef-flash/unload", "/openapi.json", "/docs", "/redoc",
-        "/v2/models/clef-flash/versions/1/infer", "/v1/models/clef-flash:explain", "/v1/models/other:predict",
+        "/v2/repository/models/clef-flash/unload",
+        "/openapi.json",
+        "/docs",
+        "/redoc",
+        "/v2/models/clef-flash/versions/1/infer",
+        "/v1/models/clef-flash:explain",
+        "/v1/models/other:predict",
         "/v2/models/other/ready",
     ):
         refusal = guard.refusal(path)
         assert refusal is not None and refusal.status == 404, path
-    for path in ("/v1/models/clef-flash:predict", "/v2/models/jev-latest/infer", "/v1/models", "/health", "/v1/systemone"):
+    for path in (
+        "/v1/models/clef-flash:predict",
+        "/v2/models/jev-latest/infer",
+        "/v1/models",
+        "/health",
+        "/v1/systemone",
+    ):
         assert guard.refusal(path) is None, path
     opened = RouteGuardMiddleware(lambda *_: None, ("m",), enable_model_repository=True, enable_docs=True)
     assert opened.refusal("/v2/repository/models/m/unload") is None and opened.refusal("/openapi.json") is None
@@ -87,17 +100,44 @@ ELEMENT = struct.pack("<I", 2) + b"{}"
 @pytest.mark.parametrize(
     "header, payload, length, param",
     [
-        ({"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]}, ELEMENT, "x", "inference-header-content-length"),
+        (
+            {"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]},
+            ELEMENT,
+            "x",
+            "inference-header-content-length",
+        ),
         ([], b"", None, None),
-        ({"inputs": [{"name": "r", "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]}, ELEMENT, None, "inputs[0].shape"),
-        ({"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 0}}]}, ELEMENT, None, "inputs[0].parameters.binary_data_size"),
-        ({"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}]}, ELEMENT, None, "inputs[0].parameters.binary_data_size"),
-        ({"inputs": [{"name": "r", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 6}}]}, ELEMENT, None, "inputs[0].parameters.binary_data_size"),
+        (
+            {"inputs": [{"name": "r", "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]},
+            ELEMENT,
+            None,
+            "inputs[0].shape",
+        ),
+        (
+            {"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 0}}]},
+            ELEMENT,
+            None,
+            "inputs[0].parameters.binary_data_size",
+        ),
+        (
+            {"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}]},
+            ELEMENT,
+            None,
+            "inputs[0].parameters.binary_data_size",
+        ),
+        (
+            {"inputs": [{"name": "r", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 6}}]},
+            ELEMENT,
+            None,
+            "inputs[0].parameters.binary_data_size",
+        ),
         ({"inputs": [{"name": "r", "datatype": "BYTES", "shape": [10**9]}]}, b"", None, "inputs[0].shape"),
         ({"inputs": []}, b"", None, "inputs"),
     ],
 )
-def test_malformed_v2_binary_bodies_name_the_field(header: object, payload: bytes, length: str | None, param: str | None) -> None:
+def test_malformed_v2_binary_bodies_name_the_field(
+    header: object, payload: bytes, length: str | None, param: str | None
+) -> None:
     body, json_length = _binary(header, payload)
     with pytest.raises(ApiError) as caught:
         check_v2_binary_body(body, length if length is not None else json_length)
@@ -105,7 +145,9 @@ def test_malformed_v2_binary_bodies_name_the_field(header: object, payload: byte
 
 
 def test_well_formed_v2_binary_body_passes() -> None:
-    body, length = _binary({"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]}, ELEMENT)
+    body, length = _binary(
+        {"inputs": [{"name": "r", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]}, ELEMENT
+    )
     check_v2_binary_body(body, length)
 
 
@@ -134,13 +176,31 @@ def test_api_flags(tmp_path: Path) -> None:
     add_api_args(parser)
     parser.set_defaults(model_name="clef-flash")  # the predictor's parser has --model-name
     args = parser.parse_args([])
-    assert (args.host, args.api_key_file, args.enable_model_repository, args.model_alias) == ("127.0.0.1", None, False, [])
+    assert (args.host, args.api_key_file, args.enable_model_repository, args.model_alias) == (
+        "127.0.0.1",
+        None,
+        False,
+        [],
+    )
     assert request_policy(args) == RequestPolicy(aliases=("jev-latest",))  # the TypeSafe SDK's default, built in
     assert http_limits(args).max_header_bytes == 65536
     args.model_name = "jev-latest"
     assert request_policy(args) == RequestPolicy()  # the served name is no alias of itself
-    args = parser.parse_args(["--host", "0.0.0.0", "--model-alias", "a", "--model-alias", "b", "--state-overflow", "refuse",
-                              "--accept-any-model-name", "--api-key-file", str(tmp_path / "missing")])
+    args = parser.parse_args(
+        [
+            "--host",
+            "0.0.0.0",
+            "--model-alias",
+            "a",
+            "--model-alias",
+            "b",
+            "--state-overflow",
+            "refuse",
+            "--accept-any-model-name",
+            "--api-key-file",
+            str(tmp_path / "missing"),
+        ]
+    )
     expected = RequestPolicy(aliases=("a", "b", "jev-latest"), accept_any_name=True, state_overflow="refuse")
     assert request_policy(args) == expected
     assert http_limits(args).host == "0.0.0.0"

@@ -33,7 +33,6 @@ def _full_size_release(tiny_release: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("scale", ["tiny", "full"])
 def test_the_delta_net_state_is_the_one_vllm_allocates(scale: str, tiny_release: Path, tmp_path: Path) -> None:
     """Bytes per DeltaNet layer and sequence: vLLM's own state shapes, conv in BF16, recurrent state in FP32."""
-    pytest.importorskip("vllm")
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
 
     release = tiny_release if scale == "tiny" else _full_size_release(tiny_release, tmp_path)
@@ -102,7 +101,6 @@ def test_a_machine_without_room_for_one_longest_prompt_is_refused_naming_the_fla
 def test_explicit_cache_settings_win(
     argv: list[str], env: dict[str, str], sized: bool, tiny_release: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("vllm")
     from predictor.cli import build_parser
     from predictor.engines import with_cpu_kv_cache
     from predictor.engines.engine_args import vllm_engine_args
@@ -124,7 +122,6 @@ def test_explicit_cache_settings_win(
 def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
     tiny_release: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("vllm")
     from predictor.cli import build_parser
     from predictor.engines import with_cpu_kv_cache
     from predictor.engines.engine_args import vllm_engine_args
@@ -134,5 +131,3 @@ def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
     given = vllm_engine_args(args, tiny_release, on_gpu=False)
     with pytest.raises(InsufficientMemory, match="lower --gpu-memory-utilization"):
         with_cpu_kv_cache(given, tiny_release)
-
-

@@ -13,9 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -37,12 +38,23 @@ from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, s
 
 MAX_MODEL_LEN = 512
 PROCESSES = 2
-SERVER_ARGS = ("--engine", "transformers", "--max-model-len", str(MAX_MODEL_LEN), "--max-batch", "8", "--state-overflow", "refuse")
+SERVER_ARGS = (
+    "--engine",
+    "transformers",
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--max-batch",
+    "8",
+    "--state-overflow",
+    "refuse",
+)
 
 BAD_BODIES: dict[str, bytes] = {
     "malformed json": b'{"model": ',
     "missing questions": json.dumps({"model": MODEL_NAME, "state": 1}).encode(),
-    "bad field": json.dumps({**simple_request(), "questions": {"q": {"type": "choice", "criteria": {"a": None}}}}).encode(),
+    "bad field": json.dumps(
+        {**simple_request(), "questions": {"q": {"type": "choice", "criteria": {"a": None}}}}
+    ).encode(),
     "unknown model": json.dumps(simple_request(model="gpt-9")).encode(),
     "state too long": json.dumps(simple_request(state="9" * 40000)).encode(),
 }
@@ -90,10 +102,14 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
     from clef_tools.sample_requests import make_extreme_requests
     from predictor.serving.prepare import ReleaseTokenizer
 
-    engine_tokenizer, worker_tokenizer = AutoTokenizer.from_pretrained(str(tiny_release)), ReleaseTokenizer(tiny_release)
+    engine_tokenizer, worker_tokenizer = (
+        AutoTokenizer.from_pretrained(str(tiny_release)),
+        ReleaseTokenizer(tiny_release),
+    )
     import random
 
     bodies = [*make_requests(16, 24), *make_extreme_requests(random.Random(16))]
+
     def encoded(tokenizer: Any, request: Any, max_length: int) -> Any:
         try:
             return encode_request(tokenizer, request, max_length)
@@ -105,8 +121,15 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
         for max_length in (MAX_MODEL_LEN, 1 << 20):  # cut states too
             assert encoded(worker_tokenizer, request, max_length) == encoded(engine_tokenizer, request, max_length)
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, predictor.serving.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"],
-        capture_output=True, text=True, check=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys, predictor.serving.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
 
@@ -174,9 +197,18 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
                 results[name] = (200, json.loads(json.dumps(await service.answer_json(raw, "application/json"))))
             except ServiceError as error:
                 results[name] = http_result(error)
-        batch = [json.loads(bodies_to_compare()[name]) for name in ("simple", "missing questions", "sample 0", "unknown model")]
+        batch = [
+            json.loads(bodies_to_compare()[name])
+            for name in ("simple", "missing questions", "sample 0", "unknown model")
+        ]
         items = await service.answer_batch_json(json.dumps(batch).encode(), "application/json", 64)
-        results["batch"] = (200, [item if isinstance(item, dict) else {"status": http_result(item)[0], **http_result(item)[1]} for item in items])
+        results["batch"] = (
+            200,
+            [
+                item if isinstance(item, dict) else {"status": http_result(item)[0], **http_result(item)[1]}
+                for item in items
+            ],
+        )
         return results
 
     try:
@@ -189,7 +221,11 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
 def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-encode-processes"),
-        "--model-dir", str(tiny_release), *SERVER_ARGS, "--encode-processes", str(PROCESSES),
+        "--model-dir",
+        str(tiny_release),
+        *SERVER_ARGS,
+        "--encode-processes",
+        str(PROCESSES),
     )
     yield running
     workers = encode_workers(running.process.pid)
@@ -228,12 +264,20 @@ def test_workers_start_before_ready(server: Predictor) -> None:
     assert len(encode_workers(server.process.pid)) == PROCESSES
 
 
-def test_answers_and_errors_match_the_in_process_service(client: httpx.Client, in_process: dict[str, tuple[int, Any]]) -> None:
+def test_answers_and_errors_match_the_in_process_service(
+    client: httpx.Client, in_process: dict[str, tuple[int, Any]]
+) -> None:
     for name, raw in bodies_to_compare().items():
         for base in ("", "/jev"):
             response = client.post(f"{base}/v1/systemone", content=raw, headers={"content-type": "application/json"})
             assert (response.status_code, response.json()) == in_process[name], name
-    expected_status = {"malformed json": 400, "missing questions": 422, "bad field": 422, "unknown model": 404, "state too long": 413}
+    expected_status = {
+        "malformed json": 400,
+        "missing questions": 422,
+        "bad field": 422,
+        "unknown model": 404,
+        "state too long": 413,
+    }
     for name, status in expected_status.items():
         assert in_process[name][0] == status, (name, in_process[name])
     assert in_process["state too long"][1]["detail"][0]["loc"] == ["body", "state"]
@@ -303,5 +347,8 @@ def test_encode_stage_is_observed_per_record(client: httpx.Client) -> None:
 
     before = encode_count()
     assert client.post("/v1/systemone", json=simple_request(state="counted once")).status_code == 200
-    assert client.post("/v1/systemone/batch", json=[simple_request(state=f"batch {i}") for i in range(3)]).status_code == 200
+    assert (
+        client.post("/v1/systemone/batch", json=[simple_request(state=f"batch {i}") for i in range(3)]).status_code
+        == 200
+    )
     assert encode_count() == before + 4

@@ -14,20 +14,24 @@ from tests.predictor.conftest import start_predictor, stop
 pytestmark = pytest.mark.vllm
 
 
-def test_killing_the_engine_core_ends_the_process(
-    tiny_release: Path, tmp_path: Path, predictor_env: None
-) -> None:
+def test_killing_the_engine_core_ends_the_process(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
     server = start_predictor(
         tmp_path,
-        "--model-dir", str(tiny_release),
-        "--engine", "vllm",
-        "--max-model-len", "512",
-        "--kv-cache-memory-bytes", "1G",
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "vllm",
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory-bytes",
+        "1G",
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     )
     family = psutil.Process(server.process.pid).children(recursive=True)
     try:
-        (core,) = [child for child in family if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name()]
+        (core,) = [
+            child for child in family if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name()
+        ]
         killed = time.monotonic()
         core.kill()
         code = server.process.wait(timeout=5)

@@ -4,18 +4,23 @@ HTTP limits, driven by a real gRPC client (grpcio + KServe's generated stubs).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
+import grpc
 import pytest
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 
-grpc = pytest.importorskip("grpc")
-
-from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb  # noqa: E402
-from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub  # noqa: E402
-
-from tests.predictor.conftest import (  # noqa: E402
-    MODEL_NAME, Predictor, free_port, listening_addresses, simple_request, start_predictor, stop,
+from tests.predictor.conftest import (
+    MODEL_NAME,
+    Predictor,
+    free_port,
+    listening_addresses,
+    simple_request,
+    start_predictor,
+    stop,
 )
 
 KEY = "grpc-key"
@@ -32,9 +37,22 @@ def grpc_server(
     port = free_port()
     running = start_predictor(
         tmp,
-        "--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4",
-        "--api-key-file", str(key_file), "--max-body-bytes", str(MAX_BODY_BYTES),
-        "--enable_grpc", "true", "--grpc_port", str(port),
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "transformers",
+        "--max-model-len",
+        "512",
+        "--max-batch",
+        "4",
+        "--api-key-file",
+        str(key_file),
+        "--max-body-bytes",
+        str(MAX_BODY_BYTES),
+        "--enable_grpc",
+        "true",
+        "--grpc_port",
+        str(port),
     )
     running.grpc_port = port  # type: ignore[attr-defined]
     yield running
@@ -50,7 +68,9 @@ def stub(grpc_server: Predictor) -> Iterator[GRPCInferenceServiceStub]:
 def infer_request(*bodies: Any) -> pb.ModelInferRequest:
     """One BYTES input of System One requests as JSON text, as the HTTP V2 route takes them (bytes: as they are)."""
     tensor = pb.ModelInferRequest.InferInputTensor(
-        name="request", datatype="BYTES", shape=[len(bodies)],
+        name="request",
+        datatype="BYTES",
+        shape=[len(bodies)],
         contents=pb.InferTensorContents(
             bytes_contents=[body if isinstance(body, bytes) else json.dumps(body).encode() for body in bodies]
         ),
@@ -65,10 +85,12 @@ CALLS: dict[str, Callable[[GRPCInferenceServiceStub], Callable[..., Any]]] = {
     "ModelReady": lambda s: lambda **kw: s.ModelReady(pb.ModelReadyRequest(name=MODEL_NAME), **kw),
     "ModelMetadata": lambda s: lambda **kw: s.ModelMetadata(pb.ModelMetadataRequest(name=MODEL_NAME), **kw),
     "ModelInfer": lambda s: lambda **kw: s.ModelInfer(infer_request(simple_request()), **kw),
-    "RepositoryModelUnload": lambda s: lambda **kw: s.RepositoryModelUnload(
-        pb.RepositoryModelUnloadRequest(model_name=MODEL_NAME), **kw),
-    "RepositoryModelLoad": lambda s: lambda **kw: s.RepositoryModelLoad(
-        pb.RepositoryModelLoadRequest(model_name=MODEL_NAME), **kw),
+    "RepositoryModelUnload": lambda s: (
+        lambda **kw: s.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name=MODEL_NAME), **kw)
+    ),
+    "RepositoryModelLoad": lambda s: (
+        lambda **kw: s.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=MODEL_NAME), **kw)
+    ),
 }
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import resource
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -29,13 +29,24 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
     try:
         running = start_predictor(
             tmp_path_factory.mktemp("predictor-edges"),
-            "--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4",
-            "--enable-model-repository", "--shutdown-delay", "0",
+            "--model-dir",
+            str(tiny_release),
+            "--engine",
+            "transformers",
+            "--max-model-len",
+            "512",
+            "--max-batch",
+            "4",
+            "--enable-model-repository",
+            "--shutdown-delay",
+            "0",
             env={"CLEF_API_KEYS": KEY},
         )
     finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, FLOOD + 512) if hard == resource.RLIM_INFINITY
-                                                    else min(max(soft, FLOOD + 512), hard), hard))
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE,
+            (max(soft, FLOOD + 512) if hard == resource.RLIM_INFINITY else min(max(soft, FLOOD + 512), hard), hard),
+        )
     yield running
     assert stop(running) == 0, running.log()[-3000:]
 

@@ -7,8 +7,8 @@ import concurrent.futures
 import json
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -22,13 +22,20 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -
     tmp = tmp_path_factory.mktemp("predictor-demo")
     running = start_predictor(
         tmp,
-        "--engine", "transformers",
-        "--dp", "2",
-        "--max-model-len", "512",
-        "--max-batch", "4",
-        "--demo-cache-dir", str(tmp / "cache"),
-        "--drain-timeout", "120",
-        "--shutdown-delay", "10",
+        "--engine",
+        "transformers",
+        "--dp",
+        "2",
+        "--max-model-len",
+        "512",
+        "--max-batch",
+        "4",
+        "--demo-cache-dir",
+        str(tmp / "cache"),
+        "--drain-timeout",
+        "120",
+        "--shutdown-delay",
+        "10",
     )
     yield running
     stop(running)
@@ -54,7 +61,9 @@ def test_data_parallel_engines_share_the_load(demo_server: Predictor) -> None:
     assert statuses == [200] * 16
     metrics = httpx.get(f"{demo_server.url}/metrics").text
     for engine in ("transformers-0", "transformers-1"):
-        line = next(line for line in metrics.splitlines() if line.startswith(f'clef_batch_size_count{{engine="{engine}"}}'))
+        line = next(
+            line for line in metrics.splitlines() if line.startswith(f'clef_batch_size_count{{engine="{engine}"}}')
+        )
         assert float(line.split()[-1]) > 0, engine
 
 
@@ -66,7 +75,9 @@ def _queued(server: Predictor) -> float:
 def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
     bodies = [simple_request(state={"ticket": "x " * (50 + i)}) for i in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(httpx.post, f"{demo_server.url}/v1/systemone", json=body, timeout=600) for body in bodies]
+        futures = [
+            pool.submit(httpx.post, f"{demo_server.url}/v1/systemone", json=body, timeout=600) for body in bodies
+        ]
         deadline = time.monotonic() + 60
         admitted = 0.0
         while admitted < 1 and time.monotonic() < deadline:
@@ -87,7 +98,9 @@ def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
     answered = [response for response in responses if response.status_code == 200]
     assert len(answered) >= admitted and all(json.loads(response.text)["answers"] for response in answered)
     assert all(
-        response.status_code == 503 and response.headers["retry-after"] for response in responses if response.status_code != 200
+        response.status_code == 503 and response.headers["retry-after"]
+        for response in responses
+        if response.status_code != 200
     )
     assert demo_server.process.wait(120) == 0
     with pytest.raises(httpx.TransportError):

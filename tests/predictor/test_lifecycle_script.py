@@ -12,7 +12,16 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
     result = asyncio.run(
         run(
             "sigterm",
-            ["--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4"],
+            [
+                "--model-dir",
+                str(tiny_release),
+                "--engine",
+                "transformers",
+                "--max-model-len",
+                "512",
+                "--max-batch",
+                "4",
+            ],
             clients=4,
             load_seconds=3,
             exit_timeout=120,
@@ -25,7 +34,9 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
     assert result["statuses"].get("200", 0) > 0 and result["exit_code"] == 0, result
 
 
-def test_sigterm_with_256_clients_in_flight_past_the_drain(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
+def test_sigterm_with_256_clients_in_flight_past_the_drain(
+    tiny_release: Path, tmp_path: Path, predictor_env: None
+) -> None:
     """More work in flight than the drain allows: what is unanswered then gets 503 + Retry-After (uvicorn's own
     timeout would cancel it into a 500), and the process is gone within its delay + drain + a few seconds.
 
@@ -40,9 +51,26 @@ def test_sigterm_with_256_clients_in_flight_past_the_drain(tiny_release: Path, t
     result = asyncio.run(
         run(
             "sigterm",
-            ["--model-dir", str(tiny_release), "--engine", "transformers", "--max-model-len", "512", "--max-batch", "4",
-             "--max-queued-requests", "256", "--max-queue-wait-s", "600", "--answer-cache-bytes", "0",
-             "--shutdown-delay", str(delay), "--drain-timeout", str(drain)],
+            [
+                "--model-dir",
+                str(tiny_release),
+                "--engine",
+                "transformers",
+                "--max-model-len",
+                "512",
+                "--max-batch",
+                "4",
+                "--max-queued-requests",
+                "256",
+                "--max-queue-wait-s",
+                "600",
+                "--answer-cache-bytes",
+                "0",
+                "--shutdown-delay",
+                str(delay),
+                "--drain-timeout",
+                str(drain),
+            ],
             clients=256,
             load_seconds=3,
             exit_timeout=delay + drain + EXIT_AFTER_DRAIN_S,

@@ -35,12 +35,29 @@ def test_http_load_counts_a_refused_connection_as_an_error() -> None:
 
 
 def test_ceiling_script_loads_both_servers_with_both_clients() -> None:
-    command = [sys.executable, "-m", "bench.load_client_ceiling", "--clients", "2,8", "--requests", "40",
-               "--rate", "400", "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.load_client_ceiling",
+        "--clients",
+        "2,8",
+        "--requests",
+        "40",
+        "--rate",
+        "400",
+        "--json",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(row["server"], row["client"], row["clients"]) for row in rows] == [
-        (server, client, clients) for server in ("instant", "rate") for client in ("aiohttp", "httpx") for clients in (2, 8)
+        (server, client, clients)
+        for server in ("instant", "rate")
+        for client in ("aiohttp", "httpx")
+        for clients in (2, 8)
     ]
     assert all(row["requests"] == 40 and row["errors"] == 0 for row in rows)
-    assert all(row["ideal"] == {"requests_per_s": 400.0, "latency_ms": 1000 * row["clients"] / 400} for row in rows if row["server"] == "rate")
+    assert all(
+        row["ideal"] == {"requests_per_s": 400.0, "latency_ms": 1000 * row["clients"] / 400}
+        for row in rows
+        if row["server"] == "rate"
+    )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -25,18 +25,28 @@ def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, key_file: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(
+    tiny_release: Path, key_file: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+) -> Iterator[Predictor]:
     """A server that needs a key (PROBES and warm-up polling are exempt or answered 401, see below)."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-access"),
-        "--model-dir", str(tiny_release),
-        "--engine", "transformers",
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-batch", "4",
-        "--warmup-rounds", "1",
-        "--api-key-file", str(key_file),
-        "--model-alias", ALIAS,
-        "--state-overflow", "refuse",
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "transformers",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-batch",
+        "4",
+        "--warmup-rounds",
+        "1",
+        "--api-key-file",
+        str(key_file),
+        "--model-alias",
+        ALIAS,
+        "--state-overflow",
+        "refuse",
         env={"CLEF_API_KEYS": ENV_KEY},
     )
     yield running
@@ -48,7 +58,13 @@ def _auth(key: str) -> dict[str, str]:
 
 
 def test_probes_and_metrics_need_no_key(client: httpx.Client) -> None:
-    for path in ("/health", "/metrics", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready", "/v2/health/live"):
+    for path in (
+        "/health",
+        "/metrics",
+        f"/v1/models/{MODEL_NAME}",
+        f"/v2/models/{MODEL_NAME}/ready",
+        "/v2/health/live",
+    ):
         assert client.get(path).status_code == 200, path
 
 
@@ -73,7 +89,9 @@ def test_inference_and_listing_routes_need_a_valid_key(client: httpx.Client, met
         assert response.json()["error"]["type"] == "authentication_error"
         assert response.headers["www-authenticate"] == "Bearer"
         assert response.headers["x-typesafe-request-id"]
-    accepted = client.request(method, path, json=[simple_request()] if path.endswith("batch") else simple_request(), headers=_auth(KEY))
+    accepted = client.request(
+        method, path, json=[simple_request()] if path.endswith("batch") else simple_request(), headers=_auth(KEY)
+    )
     assert accepted.status_code != 401, (path, accepted.text)
 
 
@@ -110,7 +128,9 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
         with pytest.raises(TypeSafeAPIError) as too_long:
             client.system_one("charged twice " * 4000, questions)
         assert too_long.value.status == 413
-        assert "state: the state needs more than" in str(too_long.value) and f"{MAX_MODEL_LEN}-token prompt" in str(too_long.value)
+        assert "state: the state needs more than" in str(too_long.value) and f"{MAX_MODEL_LEN}-token prompt" in str(
+            too_long.value
+        )
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key=KEY, timeout=300) as client:  # the SDK's default model
         assert client.system_one("I was charged twice", questions).model == SDK_DEFAULT
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key="wrong", model=ALIAS, timeout=300) as client:
@@ -121,7 +141,9 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
 
 def test_alias_is_served_on_kserve_routes(client: httpx.Client) -> None:
     assert client.get(f"/v1/models/{ALIAS}").status_code == 200
-    response = client.post(f"/v1/models/{ALIAS}:predict", json={"instances": [simple_request(model=ALIAS)]}, headers=_auth(KEY))
+    response = client.post(
+        f"/v1/models/{ALIAS}:predict", json={"instances": [simple_request(model=ALIAS)]}, headers=_auth(KEY)
+    )
     assert response.status_code == 200, response.text
     assert response.json()["predictions"][0]["model"] == ALIAS
 

@@ -6,22 +6,19 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
+import uvicorn
+from kserve.errors import ModelNotFound, ModelNotReady
+from kserve.model_repository import ModelRepository
+from uvicorn.server import ServerState
 
-pytest.importorskip("kserve")
-
-import grpc  # noqa: E402
-import uvicorn  # noqa: E402
-from kserve.errors import ModelNotFound, ModelNotReady  # noqa: E402
-from kserve.model_repository import ModelRepository  # noqa: E402
-from uvicorn.server import ServerState  # noqa: E402
-
-from predictor.core.errors import Unavailable  # noqa: E402
-from predictor.http.auth import ApiKeys  # noqa: E402
-from predictor.http.errors import bad_request  # noqa: E402
-from predictor.http.grpc_access import AccessInterceptor, grpc_status  # noqa: E402
-from predictor.http.server_limits import HttpLimits, ServingSwitch, bounded_protocol  # noqa: E402
-from predictor.serving.lifecycle import Lifecycle, Phase  # noqa: E402
+from predictor.core.errors import Unavailable
+from predictor.http.auth import ApiKeys
+from predictor.http.errors import bad_request
+from predictor.http.grpc_access import AccessInterceptor, grpc_status
+from predictor.http.server_limits import HttpLimits, ServingSwitch, bounded_protocol
+from predictor.serving.lifecycle import Lifecycle, Phase
 
 
 def test_kserve_serves_grpc_by_default_and_the_predictor_does_not() -> None:
@@ -42,8 +39,9 @@ async def _inner_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def _protocol(limits: HttpLimits) -> Any:
     config = uvicorn.Config(_inner_app, lifespan="off")
     config.load()
-    protocol = bounded_protocol(limits)(config=config, server_state=ServerState(), app_state={},
-                                        _loop=asyncio.new_event_loop())
+    protocol = bounded_protocol(limits)(
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.new_event_loop()
+    )
     assert protocol._inner_app is config.loaded_app and protocol.app == protocol._admit
     return protocol
 
@@ -74,7 +72,9 @@ def test_past_the_connection_limit_only_probes_get_through() -> None:
     protocol = _protocol(HttpLimits(max_connections=2))
     protocol.connections.update({object(), object()})  # uvicorn's own sets: the protocol reads their sizes
     refused = _call(protocol, "POST", "/v1/systemone", [])
-    assert refused[0]["status"] == 503 and {(b"retry-after", b"1"), (b"connection", b"close")} <= set(refused[0]["headers"])
+    assert refused[0]["status"] == 503 and {(b"retry-after", b"1"), (b"connection", b"close")} <= set(
+        refused[0]["headers"]
+    )
     assert b"--max-connections 2" in refused[1]["body"]
     assert _call(protocol, "GET", "/v1/systemone", [])[0]["status"] == 503
     for path in ("/health/live", "/v1/models/clef-flash", "/v2/models/clef-flash/ready", "/health"):
@@ -111,7 +111,9 @@ def test_repository_unload_and_load_switch_the_model_out_of_service_and_back() -
 
 def test_our_errors_keep_their_meaning_over_grpc() -> None:
     assert grpc_status(bad_request("not valid JSON", "inputs[0].data[1]")) == (
-        grpc.StatusCode.INVALID_ARGUMENT, "inputs[0].data[1]: not valid JSON")
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inputs[0].data[1]: not valid JSON",
+    )
     code, message = grpc_status(Unavailable("the server is shutting down", "draining", 1))
     assert code == grpc.StatusCode.UNAVAILABLE and message.endswith("(retry after 1 s)")
 
@@ -152,6 +154,7 @@ def test_access_interceptor_needs_a_key_for_every_method_and_closes_the_reposito
     assert wrong[0] == grpc.StatusCode.UNAUTHENTICATED
     assert _outcome(interceptor, "ModelInfer", (("authorization", "Bearer k2"),)) == "passed"
     assert _outcome(interceptor, "RepositoryModelUnload", (("authorization", "Bearer k1"),))[0] == (
-        grpc.StatusCode.UNIMPLEMENTED)
+        grpc.StatusCode.UNIMPLEMENTED
+    )
     open_server = AccessInterceptor(ApiKeys(None, None), enable_model_repository=True)
     assert _outcome(open_server, "RepositoryModelUnload", ()) == "passed"

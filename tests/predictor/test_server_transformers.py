@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -33,14 +33,22 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
     """The shared server: small prompts, small batches, JSON request logs."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-transformers"),
-        "--model-dir", str(tiny_release),
-        "--engine", "transformers",
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-batch", "8",
-        "--max-queued-requests", "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
-        "--max-body-bytes", str(MAX_BODY_BYTES),
-        "--header-timeout", str(SLOW_CLIENT_TIMEOUT_S),
-        "--body-timeout", str(SLOW_CLIENT_TIMEOUT_S),
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "transformers",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-batch",
+        "8",
+        "--max-queued-requests",
+        "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
+        "--max-body-bytes",
+        str(MAX_BODY_BYTES),
+        "--header-timeout",
+        str(SLOW_CLIENT_TIMEOUT_S),
+        "--body-timeout",
+        str(SLOW_CLIENT_TIMEOUT_S),
         "--json-logs",
     )
     yield running
@@ -187,7 +195,9 @@ def test_load_tool_counts_requests_tokens_and_errors(server: Predictor, client: 
     # seconds is rounded to 10 ms, which bounds the relative difference
     assert good["tokens_per_s"] == pytest.approx(good["tokens"] / good["seconds"], rel=0.006 / good["seconds"] + 1e-3)
     assert 0 < good["latency_ms_p50"] <= good["latency_ms_p95"] <= good["latency_ms_p99"]
-    bad = asyncio.run(http_load(server.url, clients=2, requests=4, warmup=0, body=lambda i: {"model": "nope"})).summary()
+    bad = asyncio.run(
+        http_load(server.url, clients=2, requests=4, warmup=0, body=lambda i: {"model": "nope"})
+    ).summary()
     assert (bad["requests"], bad["errors"], bad["error_kinds"]) == (0, 4, {"RuntimeError": 4})
 
 
@@ -221,7 +231,9 @@ def test_a_repeated_body_is_answered_from_the_cache_without_being_encoded_again(
     first = client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
     before = _metric(client, encoded), _metric(client, hits)
     again = client.post(
-        "/v1/systemone", content=gzip.compress(raw), headers={"content-type": "application/json", "content-encoding": "gzip"}
+        "/v1/systemone",
+        content=gzip.compress(raw),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
     )
     assert first.status_code == again.status_code == 200
     assert again.json() == first.json()
@@ -230,7 +242,9 @@ def test_a_repeated_body_is_answered_from_the_cache_without_being_encoded_again(
 
 
 def _long_schema() -> dict:
-    questions = {f"question_{i}": {"type": "noul", "instructions": "Decide whether this holds. " * 4} for i in range(12)}
+    questions = {
+        f"question_{i}": {"type": "noul", "instructions": "Decide whether this holds. " * 4} for i in range(12)
+    }
     return {"model": MODEL_NAME, "state": 1, "questions": questions}
 
 
@@ -245,8 +259,18 @@ BAD_SYSTEM_ONE = [
     ("missing questions", {"model": MODEL_NAME, "state": 1}, 422, "questions"),
     ("no questions", _valid(questions={}), 422, "questions"),
     ("bad question type", _valid(questions={"q": {"type": "rank"}}), 422, "questions.q"),
-    ("one choice label", _valid(questions={"q": {"type": "choice", "criteria": {"a": None}}}), 422, "questions.q.criteria"),
-    ("score levels not a list", _valid(questions={"q": {"type": "score", "criteria": "1-5"}}), 422, "questions.q.criteria"),
+    (
+        "one choice label",
+        _valid(questions={"q": {"type": "choice", "criteria": {"a": None}}}),
+        422,
+        "questions.q.criteria",
+    ),
+    (
+        "score levels not a list",
+        _valid(questions={"q": {"type": "score", "criteria": "1-5"}}),
+        422,
+        "questions.q.criteria",
+    ),
     ("model not a string", _valid(model=7), 422, "model"),
     ("state nested too deep", _valid(state=json.loads("[" * 200 + "]" * 200)), 422, "state[0][0][0]"),
     ("images", _valid(images=[{"url": "https://example.com/a.png"}]), 422, "images"),
@@ -259,7 +283,9 @@ BAD_SYSTEM_ONE = [
 
 @pytest.mark.parametrize("case, body, status, param", BAD_SYSTEM_ONE, ids=[case[0] for case in BAD_SYSTEM_ONE])
 @pytest.mark.parametrize("base", ["", "/jev"])
-def test_bad_system_one_bodies(client: httpx.Client, base: str, case: str, body: object, status: int, param: str | None) -> None:
+def test_bad_system_one_bodies(
+    client: httpx.Client, base: str, case: str, body: object, status: int, param: str | None
+) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     response = client.post(f"{base}/v1/systemone", content=content, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
@@ -351,7 +377,9 @@ def test_metrics_and_json_request_logs(server: Predictor, client: httpx.Client) 
     ):
         assert name in metrics, name
     for stage in ("encode", "engine", "answer"):
-        count = next(line for line in metrics.splitlines() if line.startswith(f'clef_stage_seconds_count{{stage="{stage}"}}'))
+        count = next(
+            line for line in metrics.splitlines() if line.startswith(f'clef_stage_seconds_count{{stage="{stage}"}}')
+        )
         assert float(count.split()[-1]) >= 1, count
     lines = [json.loads(line) for line in server.stdout().splitlines() if line.startswith("{")]
     mine = [line for line in lines if line["id"] == "trace-me"]
@@ -418,18 +446,65 @@ def _bytes_element(text: str) -> bytes:
 _ONE = _bytes_element(json.dumps(simple_request()))
 _INPUT = {"name": "request", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(_ONE)}}
 BAD_KSERVE_BODIES = [
-    ("v2 header length not a number", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [_INPUT]}, _ONE, "abc"), "inference-header-content-length"),
-    ("v2 header length past the body", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [_INPUT]}, _ONE, "99999"), "inference-header-content-length"),
-    ("v2 input without shape", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{k: v for k, v in _INPUT.items() if k != "shape"}]}, _ONE), "inputs[0].shape"),
-    ("v2 binary_data_size 0", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{**_INPUT, "parameters": {"binary_data_size": 0}}]}, _ONE), "inputs[0].parameters.binary_data_size"),
-    ("v2 element count off", "/v2/models/clef-flash/infer", *_binary_v2({"inputs": [{**_INPUT, "shape": [2]}]}, _ONE), "inputs[0].parameters.binary_data_size"),
-    ("v2 header a list", "/v2/models/clef-flash/infer", b"[]", {"inference-header-content-length": "2", "content-type": "application/octet-stream"}, None),
-    ("v1 binary cloudevent {", "/v1/models/clef-flash:predict", b"{", {"ce-specversion": "1.0", "ce-source": "s", "ce-type": "t", "ce-id": "1", "content-type": "application/cloudevents+json"}, None),
+    (
+        "v2 header length not a number",
+        "/v2/models/clef-flash/infer",
+        *_binary_v2({"inputs": [_INPUT]}, _ONE, "abc"),
+        "inference-header-content-length",
+    ),
+    (
+        "v2 header length past the body",
+        "/v2/models/clef-flash/infer",
+        *_binary_v2({"inputs": [_INPUT]}, _ONE, "99999"),
+        "inference-header-content-length",
+    ),
+    (
+        "v2 input without shape",
+        "/v2/models/clef-flash/infer",
+        *_binary_v2({"inputs": [{k: v for k, v in _INPUT.items() if k != "shape"}]}, _ONE),
+        "inputs[0].shape",
+    ),
+    (
+        "v2 binary_data_size 0",
+        "/v2/models/clef-flash/infer",
+        *_binary_v2({"inputs": [{**_INPUT, "parameters": {"binary_data_size": 0}}]}, _ONE),
+        "inputs[0].parameters.binary_data_size",
+    ),
+    (
+        "v2 element count off",
+        "/v2/models/clef-flash/infer",
+        *_binary_v2({"inputs": [{**_INPUT, "shape": [2]}]}, _ONE),
+        "inputs[0].parameters.binary_data_size",
+    ),
+    (
+        "v2 header a list",
+        "/v2/models/clef-flash/infer",
+        b"[]",
+        {"inference-header-content-length": "2", "content-type": "application/octet-stream"},
+        None,
+    ),
+    (
+        "v1 binary cloudevent {",
+        "/v1/models/clef-flash:predict",
+        b"{",
+        {
+            "ce-specversion": "1.0",
+            "ce-source": "s",
+            "ce-type": "t",
+            "ce-id": "1",
+            "content-type": "application/cloudevents+json",
+        },
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("case, path, content, headers, param", BAD_KSERVE_BODIES, ids=[case[0] for case in BAD_KSERVE_BODIES])
-def test_kserve_routes_answer_bad_input_with_4xx(client: httpx.Client, case: str, path: str, content: bytes, headers: dict, param: str | None) -> None:
+@pytest.mark.parametrize(
+    "case, path, content, headers, param", BAD_KSERVE_BODIES, ids=[case[0] for case in BAD_KSERVE_BODIES]
+)
+def test_kserve_routes_answer_bad_input_with_4xx(
+    client: httpx.Client, case: str, path: str, content: bytes, headers: dict, param: str | None
+) -> None:
     response = client.post(path, content=content, headers=headers)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -505,7 +580,9 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
     import typesafe_sdk
     from typesafe_sdk._core.errors import TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
 
-    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300) as client:
+    with typesafe_sdk.TypeSafeClient(
+        base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300
+    ) as client:
         answer = client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")})
         assert len(answer.request_id) == 32
         with pytest.raises(TypeSafeUnprocessableEntityError) as caught:
@@ -539,7 +616,7 @@ def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes,
         try:
             while chunk := sock.recv(65536):
                 received += chunk
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
     return received, time.monotonic() - started
 
@@ -548,7 +625,10 @@ def test_slow_and_oversized_clients_are_cut_off(server: Predictor, client: httpx
     unfinished_headers, seconds = _raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", 120)
     assert unfinished_headers == b"" and SLOW_CLIENT_TIMEOUT_S - 1 <= seconds < 60, seconds
     body = json.dumps(simple_request()).encode()
-    head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    head = (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % len(body)
+    )
     unfinished_body, seconds = _raw_exchange(server, head + body[:10], 120)
     assert unfinished_body.startswith(b"HTTP/1.1 408") and b"request_timeout" in unfinished_body, unfinished_body[:300]
     assert seconds < 60
@@ -564,7 +644,9 @@ def test_slow_and_oversized_clients_are_cut_off(server: Predictor, client: httpx
 def test_fuzz_sample_gets_no_5xx_and_no_hang(server: Predictor) -> None:
     from reliability.fuzz import fuzz
 
-    result = asyncio.run(fuzz(server.url, requests=300, seconds=600, concurrency=8, request_timeout=120, seed=1, model=MODEL_NAME))
+    result = asyncio.run(
+        fuzz(server.url, requests=300, seconds=600, concurrency=8, request_timeout=120, seed=1, model=MODEL_NAME)
+    )
     assert result["ok"], result
     assert result["requests"] == 300
     assert {"200", "400", "404", "413", "422"} <= result["outcomes"].keys(), result["outcomes"]
@@ -573,7 +655,9 @@ def test_fuzz_sample_gets_no_5xx_and_no_hang(server: Predictor) -> None:
 def test_soak_sample_samples_memory_and_gets_no_error(server: Predictor) -> None:
     from reliability.soak import soak
 
-    result = asyncio.run(soak(server.url, clients=4, seconds=6, pid=server.process.pid, sample_seconds=1, settle_seconds=2))
+    result = asyncio.run(
+        soak(server.url, clients=4, seconds=6, pid=server.process.pid, sample_seconds=1, settle_seconds=2)
+    )
     assert result["errors"] == {} and result["requests"] > 0, result
     assert len(result["rss_mib"]) >= 3 and all(rss > 100 for _, rss in result["rss_mib"]), result
 
@@ -624,4 +708,6 @@ def test_kserve_bodies_hold_at_most_max_batch_items_requests(client: httpx.Clien
     response = client.post(f"/v2/models/{MODEL_NAME}/infer", json=_v2([json.dumps(r) for r in too_many]))
     assert response.status_code == 422 and response.json()["error"]["param"] == "inputs[0].data", response.text
     assert "--max-batch-items" in response.text
-    assert client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [simple_request()] * 64}).status_code == 200
+    assert (
+        client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [simple_request()] * 64}).status_code == 200
+    )

@@ -46,8 +46,12 @@ def test_every_route_gives_the_same_answer(server: Predictor, client: httpx.Clie
     v2 = {"inputs": [{"name": "request", "datatype": "BYTES", "shape": [1], "data": [json.dumps(simple_request())]}]}
     inferred = client.post(f"/v2/models/{MODEL_NAME}/infer", json=v2).json()
     assert_same_answer(json.loads(inferred["outputs"][0]["data"][0]), alone, BF16_ATOL)
-    with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300) as sdk:
-        response = sdk.system_one({"ticket": "charged twice " * 100}, {"urgent": typesafe_sdk.Noul(instructions="Urgent?")})
+    with typesafe_sdk.TypeSafeClient(
+        base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300
+    ) as sdk:
+        response = sdk.system_one(
+            {"ticket": "charged twice " * 100}, {"urgent": typesafe_sdk.Noul(instructions="Urgent?")}
+        )
     assert response.model == MODEL_NAME and response.nouls["urgent"].noul is not None
 
 
@@ -61,7 +65,11 @@ def test_sixty_four_concurrent_requests_match_single_answers(client: httpx.Clien
         ({**simple_request(), "images": [{"url": "https://example.com/a.png"}]}, 422, "images"),
         ({**simple_request(), "model": "other"}, 404, "model"),
         (
-            {"model": MODEL_NAME, "state": 1, "questions": {f"q{i}": {"type": "noul", "instructions": "Holds? " * 8} for i in range(12)}},
+            {
+                "model": MODEL_NAME,
+                "state": 1,
+                "questions": {f"q{i}": {"type": "noul", "instructions": "Holds? " * 8} for i in range(12)},
+            },
             422,
             "questions",
         ),

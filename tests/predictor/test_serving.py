@@ -184,8 +184,12 @@ def test_a_body_answered_before_is_answered_again_without_being_read_and_equal(t
     async def scenario() -> list[dict[str, Any]]:
         first = await service.answer_json(raw, "application/json")
         first["usage"]["input_tokens"] = -1  # a caller changing its response changes no later answer
-        return [await service.answer_json(raw, "application/json"), await service.answer_json(raw, "application/json"),
-                await service.answer_json(raw, "application/json; charset=utf-8"), await service.answer_json(reordered, "application/json")]
+        return [
+            await service.answer_json(raw, "application/json"),
+            await service.answer_json(raw, "application/json"),
+            await service.answer_json(raw, "application/json; charset=utf-8"),
+            await service.answer_json(reordered, "application/json"),
+        ]
 
     hits = _hits()
     again, third, other_type, reordered_answer = asyncio.run(scenario())

@@ -137,7 +137,6 @@ def test_help_states_the_true_host_default() -> None:
 def test_predictor_help_lists_the_api_flags(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("vllm")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     monkeypatch.setattr(FlexibleArgumentParser, "_search_keyword", None)  # --help=KEYWORD is kept on the class

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from clef_head.checkpoint import RANDOM_MARKER, load_head
 from clef_tools.fullsize import FULL_HEAD, build_release, model_config
-from clef_head.checkpoint import load_head
 from clef_tools.quantize import quantize_release
-from clef_head.checkpoint import RANDOM_MARKER
 from clef_tools.tiny import SPECIAL_TOKENS
 
 TOKEN_IDS = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
@@ -21,7 +20,12 @@ def test_full_shape_is_qwen3_5_9b_text() -> None:
     from transformers import Qwen3_5ForConditionalGeneration
 
     text = model_config("full", TOKEN_IDS).text_config
-    assert (text.vocab_size, text.hidden_size, text.intermediate_size, text.num_hidden_layers) == (248320, 4096, 12288, 32)
+    assert (text.vocab_size, text.hidden_size, text.intermediate_size, text.num_hidden_layers) == (
+        248320,
+        4096,
+        12288,
+        32,
+    )
     assert (text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (16, 4, 256)
     assert (text.linear_num_key_heads, text.linear_num_value_heads) == (16, 32)
     assert (text.linear_key_head_dim, text.linear_value_head_dim) == (128, 128)

@@ -16,11 +16,23 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
 # Every case of the smoke tests in one invocation: the tiny releases and records are built once, and each test reads
 # its part of the one summary. vllm-fp8-eager+seqs2 is vllm-fp8-eager again with max_num_seqs=2.
-SMOKE_CASES = ("prepare,transformers,head,vllm-stock-bf16-eager,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2,"
-               "http")
-SMOKE_FLAGS = ("--variant", 'seqs2={"max_num_seqs": 2}', "--http-mode", "eager", "--http-clients", "1,2",
-               "--http-requests", "8", "--http-single-requests", "4", "--http-repeat-fractions", "0,0.5",
-               "--http-repeat-clients", "2")
+SMOKE_CASES = "prepare,transformers,head,vllm-stock-bf16-eager,vllm-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2,http"
+SMOKE_FLAGS = (
+    "--variant",
+    'seqs2={"max_num_seqs": 2}',
+    "--http-mode",
+    "eager",
+    "--http-clients",
+    "1,2",
+    "--http-requests",
+    "8",
+    "--http-single-requests",
+    "4",
+    "--http-repeat-fractions",
+    "0,0.5",
+    "--http-repeat-clients",
+    "2",
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +55,30 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
     """``python -m bench.gpu_benchmark --device cpu`` over every smoke case, once for this module."""
     work = tmp_path_factory.mktemp("gpu-benchmark-smoke")
     command = [
-        sys.executable, "-m", "bench.gpu_benchmark", "--device", "cpu", "--scale", "tiny", "--records", "8",
-        "--tokens", "192", "--latency-records", "2", "--repeats", "2", "--work", str(work), "--out", str(work),
-        "--cases", SMOKE_CASES, "--time-budget", "2400", *SMOKE_FLAGS,
+        sys.executable,
+        "-m",
+        "bench.gpu_benchmark",
+        "--device",
+        "cpu",
+        "--scale",
+        "tiny",
+        "--records",
+        "8",
+        "--tokens",
+        "192",
+        "--latency-records",
+        "2",
+        "--repeats",
+        "2",
+        "--work",
+        str(work),
+        "--out",
+        str(work),
+        "--cases",
+        SMOKE_CASES,
+        "--time-budget",
+        "2400",
+        *SMOKE_FLAGS,
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=2700)
     assert (work / "gpu_benchmark.json").is_file(), (done.stdout[-3000:], done.stderr[-3000:])
@@ -64,8 +97,13 @@ def test_smoke_transformers_and_head(smoke: Smoke) -> None:
     assert transformers["records"] == 8 and transformers["prompt_tokens_per_s"] > 0
     # Steady state (the headline: median of the repeats) beside the first pass and the backbone alone.
     spread = transformers["prompt_tokens_per_s_spread"]
-    assert transformers["repeats"] == 2 and len(spread["runs"]) == 2 and spread["min"] <= spread["median"] <= spread["max"]
-    assert transformers["first_pass"]["prompt_tokens_per_s"] > 0 and transformers["backbone_only"]["prompt_tokens_per_s"] > 0
+    assert (
+        transformers["repeats"] == 2 and len(spread["runs"]) == 2 and spread["min"] <= spread["median"] <= spread["max"]
+    )
+    assert (
+        transformers["first_pass"]["prompt_tokens_per_s"] > 0
+        and transformers["backbone_only"]["prompt_tokens_per_s"] > 0
+    )
     for label in ("first_pass", "steady"):
         assert 0 < transformers["split"][label]["head_share"] < 1
     assert transformers["split"]["head_share"] == transformers["split"]["steady"]["head_share"]
@@ -94,7 +132,10 @@ def test_smoke_http_case_with_repeated_requests(smoke: Smoke) -> None:
     http = smoke.case("http")
     assert http["ready_s"] > 0 and http["mode"] == "eager"
     assert [(load["clients"], load["requests"], load["errors"]) for load in http["loads"]] == [(1, 4, 0), (2, 8, 0)]
-    assert all(load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"] for load in http["loads"])
+    assert all(
+        load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"]
+        for load in http["loads"]
+    )
     unique, repeated = http["repeat_loads"]
     assert (unique["repeat_fraction"], repeated["repeat_fraction"]) == (0.0, 0.5)
     assert unique["errors"] == repeated["errors"] == 0 and unique["requests"] == repeated["requests"] == 8

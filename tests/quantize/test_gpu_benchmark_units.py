@@ -15,9 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
     from bench.gpu_benchmark.names import agreement_pairs, base_case, variant_name
 
-    assert [base_case(key) for key in ("http-again", "vllm-fp8-graphs+async", "vllm-fp8-graphs+async-again",
-                                       "vllm-stock-fp8-graphs", "http-dp2")] == [
-        "http", "vllm-fp8-graphs", "vllm-fp8-graphs", "vllm-stock-fp8-graphs", "http-dp2",
+    assert [
+        base_case(key)
+        for key in (
+            "http-again",
+            "vllm-fp8-graphs+async",
+            "vllm-fp8-graphs+async-again",
+            "vllm-stock-fp8-graphs",
+            "http-dp2",
+        )
+    ] == [
+        "http",
+        "vllm-fp8-graphs",
+        "vllm-fp8-graphs",
+        "vllm-stock-fp8-graphs",
+        "http-dp2",
     ]
     assert [variant_name(key) for key in ("vllm-fp8-graphs", "vllm-fp8-graphs+async-again")] == [None, "async"]
     pairs = agreement_pairs(["vllm-fp8-graphs", "vllm-fp8-graphs+async", "vllm-bf16-graphs+t32k"])
@@ -26,8 +38,10 @@ def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
         ("transformers", "vllm-fp8-graphs")
     ]
     assert agreement_pairs(["vllm-bf16-eager", "vllm-fp8-eager", "vllm-nvfp4-eager", "vllm-nvfp4-graphs"]) == [
-        ("vllm-bf16-eager", "vllm-fp8-eager"), ("vllm-bf16-eager", "vllm-nvfp4-eager"),
-        ("vllm-fp8-eager", "vllm-nvfp4-eager"), ("vllm-nvfp4-eager", "vllm-nvfp4-graphs"),
+        ("vllm-bf16-eager", "vllm-fp8-eager"),
+        ("vllm-bf16-eager", "vllm-nvfp4-eager"),
+        ("vllm-fp8-eager", "vllm-nvfp4-eager"),
+        ("vllm-nvfp4-eager", "vllm-nvfp4-graphs"),
     ]
 
 
@@ -48,8 +62,12 @@ def test_repeated_rates_report_the_median_pass_and_the_spread() -> None:
 
     rates = repeated_rates(10, 1000, [2.0, 1.0, 4.0])
     assert rates["seconds"] == 2.0 and rates["prompt_tokens_per_s"] == 500.0 and rates["repeats"] == 3
-    assert rates["prompt_tokens_per_s_spread"] == {"median": 500.0, "min": 250.0, "max": 1000.0,
-                                                   "runs": [500.0, 1000.0, 250.0]}
+    assert rates["prompt_tokens_per_s_spread"] == {
+        "median": 500.0,
+        "min": 250.0,
+        "max": 1000.0,
+        "runs": [500.0, 1000.0, 250.0],
+    }
     assert percentiles([5.0, 1.0, 3.0]) == {"p50": 3.0, "p95": 5.0, "min": 1.0, "max": 5.0, "count": 3}
 
 
@@ -61,17 +79,34 @@ def test_variant_compilation_config_is_merged_into_the_mode() -> None:
     assert merged["compilation_config"]["cudagraph_capture_sizes"] == prefill_capture_sizes(1024)
     assert merged["compilation_config"]["mode"] == 3
     compiled = merge_engine_args("compile", mode_kwargs("compile", None), {"async_scheduling": True}, 1024)
-    assert compiled == {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "NONE"}, "async_scheduling": True}
+    assert compiled == {
+        "enforce_eager": False,
+        "compilation_config": {"cudagraph_mode": "NONE"},
+        "async_scheduling": True,
+    }
 
 
-@pytest.mark.parametrize("flags", [["--cases", "prepare,vllm-fp8-eager+nope"], ["--variant", "Bad Name={}"],
-                                   ["--cases", "prepare,http+x", "--variant", "x={}"], ["--variant", "x=[1]"],
-                                   ["--cases", "prepare,http+y", "--http-args", "x=--encode-processes 2"],
-                                   ["--cases", "prepare,vllm-fp8-eager+x", "--http-args", "x=--encode-processes 2"],
-                                   ["--http-args", "x="], ["--http-args", "x='unclosed"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--cases", "prepare,vllm-fp8-eager+nope"],
+        ["--variant", "Bad Name={}"],
+        ["--cases", "prepare,http+x", "--variant", "x={}"],
+        ["--variant", "x=[1]"],
+        ["--cases", "prepare,http+y", "--http-args", "x=--encode-processes 2"],
+        ["--cases", "prepare,vllm-fp8-eager+x", "--http-args", "x=--encode-processes 2"],
+        ["--http-args", "x="],
+        ["--http-args", "x='unclosed"],
+    ],
+)
 def test_bad_cases_and_variants_are_refused(flags: list[str], tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_benchmark", "--work", str(tmp_path), *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_benchmark", "--work", str(tmp_path), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "error:" in done.stderr, done.stderr
 
 
@@ -137,9 +172,8 @@ def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: 
 
     pid_file = tmp_path / "grandchild.pid"
     script = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
-    with (tmp_path / "log").open("w") as log:
-        with pytest.raises(subprocess.TimeoutExpired):
-            run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
+    with (tmp_path / "log").open("w") as log, pytest.raises(subprocess.TimeoutExpired):
+        run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
     grandchild = int(pid_file.read_text())
     for _ in range(100):
         try:

@@ -76,7 +76,12 @@ def test_config_carries_the_nvfp4_scheme(nvfp4_release: Path) -> None:
     (group,) = config["config_groups"].values()
     weights, inputs = group["weights"], group["input_activations"]
     for args in (weights, inputs):
-        assert (args["type"], args["num_bits"], args["group_size"], args["strategy"]) == ("float", 4, 16, "tensor_group")
+        assert (args["type"], args["num_bits"], args["group_size"], args["strategy"]) == (
+            "float",
+            4,
+            16,
+            "tensor_group",
+        )
         assert args["scale_dtype"] == "torch.float8_e4m3fn"
     assert weights["dynamic"] is False and inputs["dynamic"] == "local"
     assert "scheme: NVFP4" in (nvfp4_release / "recipe.yaml").read_text()

@@ -7,20 +7,19 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from bench.agreement import question_agreement
-from clef_tools.sized_records import make_records
-from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE
-from clef_tools.quantize import IGNORE, RECIPE_FILE, QuantizationError, quantize_release
-from predictor.engines.reference import TransformersScorer
+from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, RANDOM_MARKER
 from clef_head.request import parse_request
-from clef_head.checkpoint import RANDOM_MARKER
+from clef_tools.quantize import IGNORE, RECIPE_FILE, QuantizationError, quantize_release
+from clef_tools.sized_records import make_records
+from predictor.engines.reference import TransformersScorer
 
 # Written independently of clef_tools.quantize: the backbone's Linear layers that must be FP8.
 FP8_LINEAR = re.compile(
@@ -69,7 +68,12 @@ def test_config_carries_the_fp8_dynamic_scheme(fp8_release: Path) -> None:
     (group,) = config["config_groups"].values()
     assert group["targets"] == ["Linear"]
     weights, inputs = group["weights"], group["input_activations"]
-    assert (weights["type"], weights["num_bits"], weights["strategy"], weights["dynamic"]) == ("float", 8, "channel", False)
+    assert (weights["type"], weights["num_bits"], weights["strategy"], weights["dynamic"]) == (
+        "float",
+        8,
+        "channel",
+        False,
+    )
     assert (inputs["type"], inputs["num_bits"], inputs["strategy"], inputs["dynamic"]) == ("float", 8, "token", True)
     assert group["output_activations"] is None
 
