@@ -29,13 +29,13 @@ def question_agreement(
     max_diff = 0.0
     margins: list[torch.Tensor] = []
     differences: list[torch.Tensor] = []
-    for index, (layout, ref, cand) in enumerate(zip(layouts, reference, candidate)):
+    for index, (layout, ref, cand) in enumerate(zip(layouts, reference, candidate, strict=True)):
         if ref.shape != (layout.option_count,) or cand.shape != (layout.option_count,):
             raise ValueError(
                 f"record {index}: expected {layout.option_count} logits, got {tuple(ref.shape)} and {tuple(cand.shape)}"
             )
         sizes = [len(question.option_ids) for question in layout.questions]
-        for ref_q, cand_q in zip(torch.split(ref.float(), sizes), torch.split(cand.float(), sizes)):
+        for ref_q, cand_q in zip(torch.split(ref.float(), sizes), torch.split(cand.float(), sizes), strict=True):
             log_p, log_q = ref_q.log_softmax(-1), cand_q.log_softmax(-1)
             kls.append((log_p.exp() * (log_p - log_q)).sum())
             max_diff = max(max_diff, float((log_p.exp() - log_q.exp()).abs().max()))

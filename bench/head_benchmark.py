@@ -95,11 +95,11 @@ def main() -> None:
     layouts = [e.layout for e in encoded]
 
     with torch.inference_mode():
-        one_by_one = lambda: [head([h], [i], [lay], lm_head) for h, i, lay in zip(hidden, ids, layouts)]  # noqa: E731
+        one_by_one = lambda: [head([h], [i], [lay], lm_head) for h, i, lay in zip(hidden, ids, layouts, strict=True)]  # noqa: E731
         batched = lambda: head(hidden, ids, layouts, lm_head)  # noqa: E731
         single_s = _timed(one_by_one, args.repeats)
         batch_s = _timed(batched, args.repeats)
-        difference = max((a[0] - b).abs().max().item() for a, b in zip(one_by_one(), batched()))
+        difference = max((a[0] - b).abs().max().item() for a, b in zip(one_by_one(), batched(), strict=True))
         split = (
             gpu_split(lambda: head(hidden[:1], ids[:1], layouts[:1], lm_head), 20) if device.type == "cuda" else None
         )

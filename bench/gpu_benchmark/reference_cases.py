@@ -22,8 +22,9 @@ def case_transformers(args: argparse.Namespace, work: Path, releases: dict[str, 
     from predictor.engines.reference import TransformersScorer
 
     ids, layouts = load_encoded(work)
-    ids = ids[: args.transformers_records or len(ids)]
-    encoded = [EncodedRequest(input_ids=i, layout=layout) for i, layout in zip(ids, layouts)]
+    count = args.transformers_records or len(ids)
+    ids, layouts = ids[:count], layouts[:count]
+    encoded = [EncodedRequest(input_ids=i, layout=layout) for i, layout in zip(ids, layouts, strict=True)]
     tokens = sum(map(len, ids))
     result: dict[str, Any] = {"fla": importlib.util.find_spec("fla") is not None}
     started = time.perf_counter()
@@ -120,6 +121,14 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
     with safe_open(str(release / shard), framework="pt", device=args.device) as handle:
         lm_head = handle.get_tensor("lm_head.weight").to(dtype)
     generator = torch.Generator(device=args.device).manual_seed(0)
+
+    def run(inputs: list[tuple[Any, Any, Any]], size: int) -> None:
+        """The inputs through the head, ``size`` records a call."""
+        with torch.inference_mode():
+            for start in range(0, len(inputs), size):
+                chunk = inputs[start : start + size]
+                head([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk], lm_head)
+
     result: dict[str, Any] = {"dtype": "bfloat16"}
     for batch in (1, 16, 64):
         count = min(len(ids), max(batch, 64 if args.device.startswith("cuda") else batch))
@@ -132,16 +141,10 @@ def case_head(args: argparse.Namespace, work: Path, releases: dict[str, str]) ->
             for i in range(count)
         ]
 
-        def run() -> None:
-            with torch.inference_mode():
-                for start in range(0, count, batch):
-                    chunk = records[start : start + batch]
-                    head([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk], lm_head)
-
-        run()
+        run(records, batch)
         sync(args.device)
         started = time.perf_counter()
-        run()
+        run(records, batch)
         sync(args.device)
         result[f"batch_{batch}_ms_per_record"] = round(1000 * (time.perf_counter() - started) / count, 3)
         if batch == 1:
@@ -178,9 +181,10 @@ def one_record_head(
     if "graphs" in outputs:
         result["graphs_captured"] = paths["graphs"].captures
         result["graphs_equal_static_eager"] = all(
-            torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["static_eager"])
+            torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["static_eager"], strict=True)
         )
     result["static_max_abs_diff_vs_dynamic"] = max(
-        float((a.float() - b.float()).abs().max()) for a, b in zip(outputs["static_eager"], outputs["dynamic"])
+        float((a.float() - b.float()).abs().max())
+        for a, b in zip(outputs["static_eager"], outputs["dynamic"], strict=True)
     )
     return result

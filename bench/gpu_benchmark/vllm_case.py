@@ -69,7 +69,7 @@ def case_vllm(
         params = [vllm.PoolingParams(task=STOCK_TASK) for _ in ids]
         task = STOCK_TASK
     else:
-        params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts)]
+        params = [clef_plugin.pooling_params(layout, len(item)) for item, layout in zip(ids, layouts, strict=True)]
         task = clef_plugin.POOLING_TASK
 
     def encode(indices: range | list[int]) -> list[Any]:
@@ -116,5 +116,4 @@ def case_vllm(
                 wall_ms_profiled=round(1000 * wall, 2),
             )
             result["profile"][label] = summary
-    del llm
     return result

@@ -120,7 +120,7 @@ class MicroBatcher(Generic[T, R]):
                         future.set_exception(exc)
                 continue
             self._running = []  # (kept on cancellation: _on_done fails them)
-            for (_, future), result in zip(live, results):
+            for (_, future), result in zip(live, results, strict=True):
                 if not future.done():
                     future.set_result(result)
 

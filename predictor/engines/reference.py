@@ -92,7 +92,7 @@ class TransformersScorer:
                 [item.layout for item in batch],
                 self.lm_head_weight,
             )
-            for i, value in zip(order[start:end], logits):
+            for i, value in zip(order[start:end], logits, strict=True):
                 results[i] = value.float().cpu()
             start = end
         return results
@@ -103,5 +103,5 @@ class TransformersScorer:
         logits = self.score(encoded)
         return [
             build_response(request, item.layout, value, len(item.input_ids))
-            for request, item, value in zip(requests, encoded, logits)
+            for request, item, value in zip(requests, encoded, logits, strict=True)
         ]

@@ -86,7 +86,7 @@ def prepare_all(
     tokenizer: Any, settings: PrepareSettings, bodies: Sequence[Any], prefixes: Sequence[str]
 ) -> list[Prepared]:
     """Every body prepared; the first failure raises (KServe V1/V2: one error answers the request)."""
-    return [prepare(tokenizer, settings, body, prefix) for body, prefix in zip(bodies, prefixes)]
+    return [prepare(tokenizer, settings, body, prefix) for body, prefix in zip(bodies, prefixes, strict=True)]
 
 
 def prepare_each(
@@ -94,7 +94,7 @@ def prepare_each(
 ) -> list[Prepared | ServiceError]:
     """One prepared body or one domain error per body (the batch route answers each item)."""
     results: list[Prepared | ServiceError] = []
-    for body, prefix in zip(bodies, prefixes):
+    for body, prefix in zip(bodies, prefixes, strict=True):
         try:
             results.append(prepare(tokenizer, settings, body, prefix))
         except ServiceError as error:

@@ -110,7 +110,7 @@ def test_tiny_command_line_builds_a_loadable_release(tmp_path: Path) -> None:
     scorer = TransformersScorer(out, dtype=torch.float32)
     bodies = make_requests(seed=2, count=3)
     answers = scorer.answer([parse_request(body) for body in bodies])
-    for body, answer in zip(bodies, answers):
+    for body, answer in zip(bodies, answers, strict=True):
         assert answer["answers"].keys() == body["questions"].keys()
         assert answer["usage"]["output_tokens"] == 0 and answer["usage"]["input_tokens"] > 0
 

@@ -82,7 +82,7 @@ def test_option_spans_hold_the_option_text(body: dict[str, Any], tokenizer) -> N
     assert encoded.layout.to_wire() == json.loads(json.dumps(encoded.layout.to_wire()))
     for question in encoded.layout.questions:
         assert 0 <= question.question_span[0] < question.question_span[1] <= len(encoded.input_ids)
-        for (start, end), option_id in zip(question.option_spans, question.option_ids):
+        for (start, end), option_id in zip(question.option_spans, question.option_ids, strict=True):
             decoded = json.loads(tokenizer.decode(encoded.input_ids[start:end]))
             # Qwen's tokenizers normalize text to NFC, so the span holds the NFC form of the id.
             assert decoded["option_id"] == unicodedata.normalize("NFC", option_id)
@@ -106,7 +106,7 @@ def test_max_length_cuts_only_the_state(body: dict[str, Any], max_length: int, t
     kept = state - removed
     assert cut.input_ids[: head + kept] == full.input_ids[: head + kept]  # the state loses its end only
     assert cut.input_ids[head + kept :] == full.input_ids[head + state :]  # the schema is never cut
-    for short, long in zip(cut.layout.questions, full.layout.questions):
+    for short, long in zip(cut.layout.questions, full.layout.questions, strict=True):
         assert short.option_spans == tuple((s - removed, e - removed) for s, e in long.option_spans)
 
 

@@ -69,7 +69,7 @@ def test_batches_and_oversized_records_take_the_dynamic_pass() -> None:
         batch = graphed([first[0], first[0]], [first[1], first[1]], [first[2], first[2]], first[3])
         alone = graphed([second[0]], [second[1]], [second[2]], second[3])
         expected = head([first[0], first[0]], [first[1], first[1]], [first[2], first[2]], first[3])
-        assert all(torch.equal(got, want) for got, want in zip(batch, expected))
+        assert all(torch.equal(got, want) for got, want in zip(batch, expected, strict=True))
         assert torch.equal(alone[0], head([second[0]], [second[1]], [second[2]], second[3])[0])
     assert graphed.captures == 0
 

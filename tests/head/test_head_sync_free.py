@@ -111,7 +111,7 @@ def test_batched_logits_equal_one_record_at_a_time(make_batch: Callable[[], Batc
     with torch.inference_mode():
         batched = head(hidden, ids, layouts, lm_head)
         assert [len(logits) for logits in batched] == [layout.option_count for layout in layouts]
-        for h, i, layout, together in zip(hidden, ids, layouts, batched):
+        for h, i, layout, together in zip(hidden, ids, layouts, batched, strict=True):
             alone = head([h], [i], [layout], lm_head)[0]
             torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
 
@@ -134,5 +134,5 @@ def test_forward_never_waits_for_the_device(make_batch: Callable[[], Batch], ids
             logits = head(hidden, ids, layouts, lm_head)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    for got, want in zip(logits, expected):
+    for got, want in zip(logits, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -30,7 +30,7 @@ def tokenizer(tiny_release: Path):
 def _assert_same_encoding(ours, theirs) -> None:
     assert ours.input_ids == list(theirs.input_ids)
     assert len(ours.layout.questions) == len(theirs.questions)
-    for mine, original in zip(ours.layout.questions, theirs.questions):
+    for mine, original in zip(ours.layout.questions, theirs.questions, strict=True):
         assert mine.question_id == original.question_id
         assert mine.type_id == original.question_type
         assert mine.question_span == original.question_span
@@ -77,7 +77,7 @@ def test_head_logits_match_release_head(tiny_release: Path, tokenizer, reference
     with torch.inference_mode():
         batched = ours(hidden, ids, [e.layout for e in encoded], lm_head)
         worst = 0.0
-        for body, h, i, logits in zip(RECORDS, hidden, ids, batched):
+        for body, h, i, logits in zip(RECORDS, hidden, ids, batched, strict=True):
             record = reference.encode_record(tokenizer, body)
             expected = torch.cat(theirs(h[None], i[None], torch.ones_like(i)[None], [record], lm_head)[0])
             worst = max(worst, (expected - logits).abs().max().item())
@@ -93,7 +93,7 @@ def test_batched_head_equals_one_record_at_a_time(tiny_release: Path, tokenizer)
     ids = [torch.tensor(e.input_ids) for e in encoded]
     with torch.inference_mode():
         batched = head(hidden, ids, [e.layout for e in encoded], lm_head)
-        for h, i, e, together in zip(hidden, ids, encoded, batched):
+        for h, i, e, together in zip(hidden, ids, encoded, batched, strict=True):
             alone = head([h], [i], [e.layout], lm_head)[0]
             torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
 
@@ -125,5 +125,5 @@ def test_end_to_end_answers_match_release_pipeline(tiny_release: Path, reference
     scorer = TransformersScorer(tiny_release, dtype=torch.float32)
     ours = scorer.answer([parse_request(body) for body in bodies])
     model, processor = reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
-    for body, mine in zip(bodies, ours):
+    for body, mine in zip(bodies, ours, strict=True):
         _assert_answers_close(mine, reference.systemone(model, processor, body))

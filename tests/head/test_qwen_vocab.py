@@ -75,7 +75,7 @@ def test_ids_equal_the_package_encoder_on_a_generated_corpus(tokenizer, seed: in
     texts = _corpus(seed, 1000)
     assert any(unicodedata.normalize("NFC", text) != text for text in texts)  # NFC normalization is exercised
     ours = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    differing = [text for text, mine in zip(texts, ours) if mine != package.encode(text)]
+    differing = [text for text, mine in zip(texts, ours, strict=True) if mine != package.encode(text)]
     for text in differing:
         python_nfc = unicodedata.normalize("NFC", text)
         assert nfc.normalize_str(text) != python_nfc, repr(text)  # not a conversion error

@@ -44,9 +44,11 @@ def top1_flips(
     """Questions whose top-1 differs: (near ties of the reference, real disagreements)."""
     ties: list[str] = []
     disagreements: list[str] = []
-    for index, (item, ref, cand) in enumerate(zip(encoded, reference, candidate)):
+    for index, (item, ref, cand) in enumerate(zip(encoded, reference, candidate, strict=True)):
         sizes = [len(question.option_ids) for question in item.layout.questions]
-        for question, ref_q, cand_q in zip(item.layout.questions, torch.split(ref, sizes), torch.split(cand, sizes)):
+        for question, ref_q, cand_q in zip(
+            item.layout.questions, torch.split(ref, sizes), torch.split(cand, sizes), strict=True
+        ):
             ours, theirs = int(cand_q.argmax()), int(ref_q.argmax())
             if ours == theirs:
                 continue

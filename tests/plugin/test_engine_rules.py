@@ -45,7 +45,7 @@ def test_head_in_subfolder_matches_reference_and_repeats_exactly(llm: Any, layou
         "vllm cpu, bf16, head in clef_head/", layout_reference.encoded, layout_reference.logits, first, TOLERANCE
     )
     again = encode_with_engine(llm, layout_reference.encoded)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def _submit(llm: Any, prompts: list[list[int]], extra: list[dict[str, Any] | None]) -> list[Any]:

@@ -54,7 +54,9 @@ def test_head_sees_many_records_per_forward(llm: Any, parity_reference: Scored) 
 def test_parity_with_reference_in_one_encode_call(llm: Any, parity_reference: Scored) -> None:
     """100 records: same top-1 option on every question, max |Δ probability| <= 0.02."""
     logits = encode_with_engine(llm, parity_reference.encoded)
-    assert all(value.shape == (item.layout.option_count,) for value, item in zip(logits, parity_reference.encoded))
+    assert all(
+        value.shape == (item.layout.option_count,) for value, item in zip(logits, parity_reference.encoded, strict=True)
+    )
     assert_parity("vllm cpu, bf16", parity_reference.encoded, parity_reference.logits, logits, TOLERANCE)
 
 
@@ -64,7 +66,11 @@ def test_score_requests_returns_system_one_responses(llm: Any, parity_reference:
     responses = clef_plugin.score_requests(llm, parity_reference.requests[:count])
     assert len(responses) == count
     for request, encoded, logits, response in zip(
-        parity_reference.requests, parity_reference.encoded, parity_reference.logits, responses
+        parity_reference.requests[:count],
+        parity_reference.encoded[:count],
+        parity_reference.logits[:count],
+        responses,
+        strict=True,
     ):
         expected = build_response(request, encoded.layout, logits, len(encoded.input_ids))
         assert response["usage"] == expected["usage"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import subprocess
@@ -33,7 +34,7 @@ def _translate(*card_args: str, parser: argparse.ArgumentParser | None = None) -
 
 
 def _pairs(argv: list[str]) -> dict[str, str]:
-    return {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
+    return {flag: value for flag, value in itertools.pairwise(argv) if flag.startswith("--")}
 
 
 def test_card_flags_become_predictor_flags() -> None:

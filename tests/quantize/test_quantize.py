@@ -215,7 +215,7 @@ def test_cpu_vllm_serves_the_fp8_release(
     encoded = [bf16.encode(parse_request(body)) for body in agreement_records]
     reference = bf16.score(encoded)
     engine = []
-    for item, response in zip(encoded, responses):
+    for item, response in zip(encoded, responses, strict=True):
         probabilities = []
         for question in item.layout.questions:
             answer = response["answers"][question.question_id]
