@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(summary))
         else:
             print(
-                f"{summary['mode']:6} repeats={args.repeat_fraction:.0%} clients={clients:3d} requests={summary['requests']} errors={summary['errors']} "
+                f"{summary['mode']:6} repeats={args.repeat_fraction:.0%} clients={clients:3d} "
+                f"requests={summary['requests']} errors={summary['errors']} "
                 f"req/s={summary['requests_per_s']} tok/s={summary['tokens_per_s']} "
                 f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms"
             )

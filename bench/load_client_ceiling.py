@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                             else ""
                         )
                         print(
-                            f"{server:7} {name:7} clients={clients:4d} errors={summary['errors']} req/s={summary['requests_per_s']:>8} "
-                            f"p50={summary['latency_ms_p50']}ms p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms{ideal}",
+                            f"{server:7} {name:7} clients={clients:4d} errors={summary['errors']} "
+                            f"req/s={summary['requests_per_s']:>8} p50={summary['latency_ms_p50']}ms "
+                            f"p95={summary['latency_ms_p95']}ms p99={summary['latency_ms_p99']}ms{ideal}",
                             flush=True,
                         )
         finally:

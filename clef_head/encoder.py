@@ -9,8 +9,8 @@ same text as :func:`render_json`) only as far as it is read, and a state longer 
 tokenized from a prefix of that text (two characters per token of room, widened by the ratio seen until the
 prefix yields enough tokens), never in full. Where the state fits, the whole text is tokenized, so prompts are
 unchanged; where it is cut, the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``),
-where the cut cannot reach; the rest of the state is never rendered. Tokenizer calls hold one lock: a fast tokenizer shared across threads can fail with
-"Already borrowed" when two threads use it at once.
+where the cut cannot reach; the rest of the state is never rendered. Tokenizer calls hold one lock: a fast
+tokenizer shared across threads can fail with "Already borrowed" when two threads use it at once.
 """
 
 from __future__ import annotations

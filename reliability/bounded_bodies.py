@@ -1,4 +1,5 @@
-"""Bodies of at most 64 KiB on the wire that inflate or multiply: ``python -m reliability.bounded_bodies --url URL --pid PID``.
+"""Bodies of at most 64 KiB on the wire that inflate or multiply:
+``python -m reliability.bounded_bodies --url URL --pid PID``.
 
 The family: gzip, zstd and stacked bodies whose state inflates to a million short strings, hundreds of
 thousands of keys, empty lists, numbers just under and over the JSON value limit, 8 MiB of digits, deep
@@ -7,10 +8,11 @@ Each is sent alone first (its latency and the server's CPU seconds, from /proc: 
 machine); then the refused ones are sent again and again (``--hostile-rate`` bodies per second; 0: as fast
 as they are answered) while ``--clients`` valid requests run beside them,
 and those requests' latencies are compared with the same valid traffic alone (an accepted body is ordinary
-work for the model: 64 full prompts delay others as 64 valid requests would). A refused body must be answered within ``--bound-s`` (0.5 s);
-an accepted one within that plus what its records cost the model: as many valid requests whose state fills
-the prompt (the slowest of three, timed alone first), times ``--model-slack`` for a shared machine (run the server with ``--answer-cache-bytes 0``: a repeated body is otherwise
-answered from the cache). Prints JSON; exit status 1 if a body missed its bound or got a 5xx, or a valid
+work for the model: 64 full prompts delay others as 64 valid requests would). A refused body must be
+answered within ``--bound-s`` (0.5 s); an accepted one within that plus what its records cost the model: as
+many valid requests whose state fills the prompt (the slowest of three, timed alone first), times
+``--model-slack`` for a shared machine (run the server with ``--answer-cache-bytes 0``: a repeated body is
+otherwise answered from the cache). Prints JSON; exit status 1 if a body missed its bound or got a 5xx, or a valid
 request failed.
 """
 

@@ -1,7 +1,8 @@
 """Small bodies that used to cost much: ``python -m reliability.costly_bodies --url URL --pid PID``.
 
-- a zstd body of a few hundred bytes whose state is 8 MiB of digits (just under the default --max-body-bytes): its latency, and the server's peak
-  RSS above its level before (sampled every 5 ms from /proc: run on the server's machine);
+- a zstd body of a few hundred bytes whose state is 8 MiB of digits (just under the default
+  --max-body-bytes): its latency, and the server's peak RSS above its level before (sampled every 5 ms
+  from /proc: run on the server's machine);
 - a gzip body of a few KB holding 660,000 JSON lists (and one of 99,000, under the server's limit of
   100,000 arrays and objects): the longest ``GET /health`` while it is answered.
 Prints the figures as JSON. ``--direct DIR`` measures instead, in this process and without a server or an

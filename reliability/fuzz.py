@@ -306,7 +306,10 @@ def make_case(rng: random.Random, model: str) -> Case:
     if kind == "slow":
         body = json.dumps(valid).encode()
         cut = rng.randrange(1, len(body))
-        head = f"POST /v1/systemone HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        head = (
+            "POST /v1/systemone HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         if rng.random() < 0.5:  # slow but complete
             return Case("slow-body", raw=head + body[:cut], stall=rng.uniform(0.1, 1.5), rest=body[cut:])
         return Case("abandoned-body", raw=head + body[:cut], stall=rng.uniform(0.1, 1.0), rest=None)

@@ -1,4 +1,5 @@
-"""Overload a running predictor: ``python -m reliability.overload --url http://127.0.0.1:8080 --clients 256 --seconds 60``.
+"""Overload a running predictor:
+``python -m reliability.overload --url http://127.0.0.1:8080 --clients 256 --seconds 60``.
 
 Many clients send valid requests back to back. A server that sheds load answers the excess with 503 or
 429 and a ``Retry-After`` header while the admitted requests keep a bounded latency. Prints the status

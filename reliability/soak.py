@@ -1,4 +1,5 @@
-"""Soak a running predictor: ``python -m reliability.soak --url http://127.0.0.1:8080 --pid PID --clients 64 --minutes 10``.
+"""Soak a running predictor:
+``python -m reliability.soak --url http://127.0.0.1:8080 --pid PID --clients 64 --minutes 10``.
 
 N clients send valid, varied System One requests back to back for T minutes; the server's resident
 memory (the process and its children, from /proc: run on the server's machine) is sampled every

@@ -18,9 +18,9 @@ leak or a left-over engine process cannot spoil the next):
 - vllm-{bf16,fp8,nvfp4}-{eager,compile,graphs}: vLLM + the plugin, one offline ``encode`` over all records
   (NVFP4 on a GPU without FP4 tensor cores, such as Hopper, runs vLLM's weight-only Marlin FP4 fallback);
   then single-record latency. eager: no torch.compile, no CUDA graphs; compile: torch.compile only;
-  graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``). With ``--profile``, one
-  throughput batch and one single record also run under vLLM's torch profiler, and the GPU kernel
-  time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
+  graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``).
+  With ``--profile``, one throughput batch and one single record also run under vLLM's torch profiler,
+  and the GPU kernel time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
   (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
   Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
 - vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
@@ -30,7 +30,8 @@ leak or a left-over engine process cannot spoil the next):
   multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Then, for
   each of ``--http-repeat-fractions`` (e.g. ``0,0.5,0.9``), one load at ``--http-repeat-clients`` (64) in
   which that share of the requests repeats one of 8 bodies (the answer cache and in-flight merging at
-  work; its hit/merged/miss counts beside the figures, the load's warm-up included). Needs the ``serve`` extra's packages.
+  work; its hit/merged/miss counts beside the figures, the load's warm-up included). Needs the ``serve``
+  extra's packages.
 - ``<vllm case>+<name>``: that vLLM case again with the engine arguments of ``--variant name=JSON`` on
   top of ``--engine-args`` (a ``compilation_config`` there is merged into the mode's), e.g.
   ``--variant async='{"async_scheduling": true}' --cases prepare,vllm-fp8-graphs,vllm-fp8-graphs+async``;
@@ -42,9 +43,9 @@ leak or a left-over engine process cannot spoil the next):
 Compile, Inductor and Triton caches (autotuning results included) live in ``--cache-dir`` (default:
 ``--work``/cache), shared by all cases, laid out as on a predictor pod's compile-cache volume.
 Each case reports engine start, warm-up, records/s, prompt tokens/s and GPU memory. Agreement
-(top-1 per question, mean KL(BF16 ‖ FP8), and likewise BF16 and FP8 against NVFP4) is computed from the logits the cases saved in ``--work``,
-also across invocations, so the cases may run in separate calls. Weights are random: figures measure
-speed, and agreement on random weights only bounds the numerical effect of FP8.
+(top-1 per question, mean KL(BF16 ‖ FP8), and likewise BF16 and FP8 against NVFP4) is computed from
+the logits the cases saved in ``--work``, also across invocations, so the cases may run in separate calls.
+Weights are random: figures measure speed, and agreement on random weights only bounds the numerical effect of FP8.
 The summary goes to ``--out``/gpu_benchmark.json (default: the --work folder).
 
 Modules: ``cli`` (options, the parent's run), ``names`` (cases, variants, compared pairs), ``prepare``

@@ -52,7 +52,8 @@ def agreement(work: Path) -> dict[str, Any]:
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
     rows = [
-        f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'min-max':>15}{'GiB used':>10}{'p50 ms':>9}  note"
+        f"{'case':<30}{'start s':>9}{'warm s':>8}{'rec/s':>9}{'tok/s':>11}{'min-max':>15}"
+        f"{'GiB used':>10}{'p50 ms':>9}  note"
     ]
     keys = sorted(
         (path.stem for path in (work / "results").glob("*.json") if base_case(path.stem) in ENGINE_CASES),

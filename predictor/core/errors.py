@@ -22,7 +22,8 @@ def format_param(location: Sequence[int | str]) -> str:
 
 
 def parse_param(param: str) -> Location:
-    """The location of a path written by :func:`format_param` (``instances[2].model`` → ``("instances", 2, "model")``)."""
+    """The location of a path written by :func:`format_param`
+    (``instances[2].model`` → ``("instances", 2, "model")``)."""
     parts: list[int | str] = []
     for dotted in param.split(".") if param else ():
         name, _, rest = dotted.partition("[")

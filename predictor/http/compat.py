@@ -8,8 +8,9 @@ and in the modules listed beside each name, before anything misbehaves at run ti
   ``_add_action``, to offer KServe's model-server flags with dashes too (:func:`predictor.cli.add_kserve_args`);
 - KServe: the model-server parser's actions, ``ModelServer._rest_server`` (the uvicorn server it builds,
   configured by :class:`predictor.http.server_limits.ClefModelServer`), ``GRPCServer``'s ``_port``,
-  ``_data_plane``, ``_model_repository_extension`` and ``_server`` (:class:`~predictor.http.server_limits.ClefGRPCServer`),
-  and ``BaseKServeModel.__init__`` (a base of ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of :class:`predictor.model.ClefModel`);
+  ``_data_plane``, ``_model_repository_extension`` and ``_server``
+  (:class:`~predictor.http.server_limits.ClefGRPCServer`), and ``BaseKServeModel.__init__`` (a base of
+  ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of :class:`predictor.model.ClefModel`);
 - uvicorn: ``H11Protocol``'s ``app``, ``conn``, ``cycle``, ``connections``, ``tasks``, ``transport`` and ``loop``
   (:class:`~predictor.http.server_limits.HeaderDeadlineProtocol`).
 """

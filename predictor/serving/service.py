@@ -1,5 +1,5 @@
-"""System One answering, shared by every route: admit, prepare (read, validate, encode: :mod:`predictor.serving.prepare`,
-in a thread or in encode worker processes), score, answer.
+"""System One answering, shared by every route: admit, prepare (read, validate, encode:
+:mod:`predictor.serving.prepare`, in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.core.errors`); the HTTP layer maps them to statuses.
 Admission is bounded (``max_queued`` records at once, and no more than the measured service rate answers

@@ -3,8 +3,9 @@
 It adds what the bare emulator lacks: server-set metadata (uid, resourceVersion, generation,
 creationTimestamp, names from generateName), 422 for a failed JSON-patch ``test``,
 status-subresource isolation, ``kind: XList`` on lists, a correct core ``/api/v1`` discovery,
-discovery entries from CRD manifests, and background garbage collection of owner-referenced objects. It also maps every request it served
-to the RBAC (apiGroup, resource, verb) it needs, for comparing with the chart's RBAC.
+discovery entries from CRD manifests, and background garbage collection of owner-referenced objects. It also
+maps every request it served to the RBAC (apiGroup, resource, verb) it needs, for comparing with the chart's
+RBAC.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def top1_flips(
             if ours == theirs:
                 continue
             gap = float(ref_q[theirs] - ref_q[ours])
-            note = f"record {index} {question.question_id}: reference gap {gap:.5f} ({gap / bf16_step(float(ref_q[theirs])):.1f} BF16 steps)"
+            steps = gap / bf16_step(float(ref_q[theirs]))
+            note = f"record {index} {question.question_id}: reference gap {gap:.5f} ({steps:.1f} BF16 steps)"
             (ties if gap <= TIE_ULPS * bf16_step(float(ref_q[theirs])) else disagreements).append(note)
     return ties, disagreements
 

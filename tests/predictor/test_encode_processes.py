@@ -124,7 +124,8 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
         [
             sys.executable,
             "-c",
-            "import sys, predictor.serving.prepare; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))",
+            "import sys, predictor.serving.prepare; "
+            "print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))",
         ],
         capture_output=True,
         text=True,

@@ -1,4 +1,5 @@
-"""Pins what ``predictor.http.server_limits`` and ``predictor.http.grpc_access`` lean on in uvicorn, KServe and grpcio."""
+"""Pins what ``predictor.http.server_limits`` and ``predictor.http.grpc_access`` lean on in uvicorn, KServe and
+grpcio."""
 
 from __future__ import annotations
 

@@ -89,7 +89,8 @@ def test_model_is_required() -> None:
 
 @pytest.fixture(scope="module")
 def card_server(vllm_server: Predictor) -> Predictor:
-    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way (shared: tests/predictor/conftest.py)."""
+    """``clef-systemone`` on the tiny release (CPU vLLM), started the card's way
+    (shared: tests/predictor/conftest.py)."""
     return vllm_server
 
 

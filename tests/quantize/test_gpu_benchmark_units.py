@@ -171,7 +171,10 @@ def test_a_case_past_its_time_is_killed_with_every_process_it_started(tmp_path: 
     from bench.gpu_benchmark.processes import run_process_group
 
     pid_file = tmp_path / "grandchild.pid"
-    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    script = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    )
     with (tmp_path / "log").open("w") as log, pytest.raises(subprocess.TimeoutExpired):
         run_process_group([sys.executable, "-c", script], log, dict(os.environ), timeout=10)
     grandchild = int(pid_file.read_text())
