@@ -6,6 +6,7 @@ process that merely reuses a recorded pid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,10 +71,8 @@ def stop(process: Recorded, grace: float = 10.0) -> None:
 
 def _reap(pid: int) -> None:
     """Collect the exit status if the process is our child (so it does not linger as a zombie)."""
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child: nothing to collect
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -30,7 +30,7 @@ from predictor.serving.body_limits import (
     check_texts_json_counts,
 )
 from predictor.serving.lifecycle import EngineWatchdog, Lifecycle, Phase
-from predictor.serving.options import ServingOptions, build_service
+from predictor.serving.options import DEFAULT_OPTIONS, ServingOptions, build_service
 from predictor.serving.prepare import decode_json_body
 from predictor.serving.service import ModelCard, SystemOneService
 from predictor.serving.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
@@ -49,7 +49,7 @@ class ClefModel(Model):
         card: ModelCard,
         engine_factory: Callable[[], Engine],
         limits: RequestLimits = DEFAULT_LIMITS,
-        options: ServingOptions = ServingOptions(),
+        options: ServingOptions = DEFAULT_OPTIONS,
         exit_process: Callable[[int], Any] = os._exit,
     ) -> None:
         self.lifecycle = Lifecycle(card.name)

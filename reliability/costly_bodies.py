@@ -59,20 +59,20 @@ async def measure(url: str, pid: int | None, model: str, repeats: int) -> dict[s
                 peak = baseline
                 done = asyncio.Event()
 
-                async def sample() -> None:
+                async def sample(stop: asyncio.Event) -> None:
                     nonlocal peak
-                    while not done.is_set():
+                    while not stop.is_set():
                         peak = max(peak, rss_bytes(pid) if pid else 0)
                         await asyncio.sleep(0.005)
 
-                async def probe() -> None:
-                    while not done.is_set():
+                async def probe(stop: asyncio.Event, seconds: list[float]) -> None:
+                    while not stop.is_set():
                         begun = time.perf_counter()
                         await http.get("/health")
-                        health.append(time.perf_counter() - begun)
+                        seconds.append(time.perf_counter() - begun)
                         await asyncio.sleep(0.02)
 
-                tasks = [asyncio.create_task(sample()), asyncio.create_task(probe())]
+                tasks = [asyncio.create_task(sample(done)), asyncio.create_task(probe(done, health))]
                 begun = time.perf_counter()
                 response = await http.post(
                     "/v1/systemone",
@@ -122,13 +122,13 @@ def measure_direct(model_dir: str, model: str, max_length: int) -> dict[str, Any
         peak = baseline
         done = threading.Event()
 
-        def sample() -> None:
+        def sample(stop: threading.Event) -> None:
             nonlocal peak
-            while not done.is_set():
+            while not stop.is_set():
                 peak = max(peak, rss_bytes(os.getpid(), with_children=False))
                 time.sleep(0.002)
 
-        sampler = threading.Thread(target=sample)
+        sampler = threading.Thread(target=sample, args=(done,))
         sampler.start()
         begun = time.perf_counter()
         outcome = "encoded"

@@ -30,8 +30,9 @@ class Engine(ABC):
     def max_length(self) -> int:
         """Longest prompt, in tokens, the engine accepts."""
 
-    async def start(self) -> None:
-        """Start background work (batchers, output handlers) in the running event loop."""
+    async def start(self) -> None:  # noqa: B027 (an optional hook, not an abstract method)
+        """Start background work (batchers, output handlers) in the running event loop. This default starts
+        nothing: an engine with none to start (the vLLM one: AsyncLLM starts its own) keeps it."""
 
     @abstractmethod
     async def score(self, encoded: EncodedRequest) -> torch.Tensor:

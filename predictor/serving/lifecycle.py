@@ -9,6 +9,7 @@ through KServe's repository API (``--enable-model-repository``: out of service, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -29,7 +30,7 @@ EXIT_AFTER_DRAIN_S = 5.0
 RETRY_AFTER_S = {"loading": 5, "warming_up": 5, "draining": 1, "engine_dead": 5, "stopped": 1, "unloaded": 5}
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     """Where the model is in its life (the value is what ``GET /health`` reports)."""
 
     LOADING = "loading"
@@ -162,10 +163,8 @@ class EngineWatchdog:
             except EngineDead as exc:
                 await self._died(str(exc))
                 return
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.period_s)
-            except TimeoutError:
-                pass
             self._wake.clear()
 
     async def _died(self, cause: str) -> None:
@@ -178,7 +177,7 @@ class EngineWatchdog:
         await asyncio.sleep(0.2)  # let the 503s of requests in flight go out
         try:
             self._close()
-        except Exception as exc:  # the engine is dead already: closing is best effort
+        except Exception as exc:  # noqa: BLE001 (the engine is dead: a failed close is logged, the exit still happens)
             log.warning("closing the dead engine failed: %r", exc)
         flush_logs()
         self._exit(ENGINE_DEAD_EXIT_CODE)

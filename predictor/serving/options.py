@@ -51,6 +51,10 @@ class ServingOptions:
         return InProcessPreparer(engine.tokenizer)
 
 
+#: The options when none are given (each field's default).
+DEFAULT_OPTIONS = ServingOptions()
+
+
 def build_service(
     engine: Engine,
     card: ModelCard,

@@ -21,3 +21,7 @@ class RequestPolicy:
     def serves(self, served_name: str, requested: str) -> bool:
         """Whether a request for ``requested`` is answered by the model served as ``served_name``."""
         return self.accept_any_name or requested == served_name or requested in self.aliases
+
+
+#: The policy when none is given: the served name only, over-long states cut.
+DEFAULT_POLICY = RequestPolicy()

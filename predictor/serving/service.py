@@ -33,7 +33,7 @@ from predictor.serving.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.encode_pool import InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
 from predictor.serving.prepare import Prepared, PrepareSettings
-from predictor.serving.request_policy import RequestPolicy
+from predictor.serving.request_policy import DEFAULT_POLICY, RequestPolicy
 from predictor.serving.request_record import record_tokens
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class SystemOneService:
         on_engine_failure: Callable[[], None] = lambda: None,
         preparer: Preparer | None = None,
         max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
-        policy: RequestPolicy = RequestPolicy(),
+        policy: RequestPolicy = DEFAULT_POLICY,
     ) -> None:
         self.engine = engine
         self.card = card

@@ -156,7 +156,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if request.action != enums.action.UPDATE or request.name is None:
             return
         key = (request.resource, request.namespace, request.name)
-        current = self._objects[key] if key in self._objects else None
+        current = self._objects[key] if key in self._objects else None  # noqa: SIM401 (kmock's ObjectsArray: no get())
         if current is None or current.deleted:
             return
         raw = current.raw

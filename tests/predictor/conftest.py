@@ -115,7 +115,7 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     found = set()
-    for table, width in (("tcp", 8), ("tcp6", 32)):
+    for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_undecodable_tensors_are_invalid_argument(stub: GRPCInferenceServiceStub
     tensor = pb.ModelInferRequest.InferInputTensor(name="request", datatype="BYTES", shape=[1])
     for raw in (b"\xff\xff\xff\xff", b"\x01\x00"):  # an element length past the data; a cut length
         request = pb.ModelInferRequest(model_name=MODEL_NAME, inputs=[tensor], raw_input_contents=[raw])
-        code, details = status_of(lambda **kw: stub.ModelInfer(request, **kw), metadata=auth)
+        code, details = status_of(partial(stub.ModelInfer, request), metadata=auth)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "cannot be decoded" in details, (code, details)
 
 

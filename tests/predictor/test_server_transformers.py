@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 from collections.abc import Iterator
@@ -609,10 +610,9 @@ def _raw_exchange(server: Predictor, data: bytes, wait_s: float) -> tuple[bytes,
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", server.port), timeout=wait_s) as sock:
         received = b""
-        try:
+        # the server may stop reading (an oversized request): what it answered is still read below
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server stopped reading (an oversized request): what it answered is still read below
         try:
             while chunk := sock.recv(65536):
                 received += chunk
