@@ -90,7 +90,7 @@ def render_json(value: Any) -> str:
 
 
 #: How ``json.dumps(..., ensure_ascii=False)`` writes a string (the standard library's own function).
-_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_string = json.encoder.encode_basestring
 
 
 def _json_scalar(value: Any) -> str:
@@ -136,7 +136,7 @@ def json_pieces(value: Any) -> Iterator[str]:
             yield _json_scalar(pending)
         while frames:
             children, is_object, started = frames[-1]
-            child = next(children, _END)
+            child: Any = next(children, _END)
             if child is _END:
                 frames.pop()
                 yield "}" if is_object else "]"

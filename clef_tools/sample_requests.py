@@ -116,7 +116,7 @@ def make_extreme_requests(rng: random.Random) -> list[dict[str, Any]]:
         "state": {"k": _text(rng)},
         "questions": {"wide": make_question(rng, "choice", options=255)},
     }
-    deep_score = {
+    deep_score: dict[str, Any] = {
         "model": "clef-flash",
         "state": [_json_value(rng) for _ in range(5)],
         "questions": {"levels": make_question(rng, "score", options=10), "yes": make_question(rng, "noul")},

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from predictor.core.errors import TooLarge
 from predictor.http.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
@@ -27,11 +28,6 @@ try:  # Python 3.14+ ships zstd in the standard library.
     from compression.zstd import ZstdDecompressor, ZstdError  # type: ignore[import-not-found]
 except ImportError:
     from backports.zstd import ZstdDecompressor, ZstdError
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
 
 SUPPORTED_ENCODINGS = ("zstd", "gzip", "identity")
 
@@ -77,9 +73,7 @@ def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
 class RequestBodyMiddleware:
     """Reads each request body once: rejects it past ``max_body_bytes`` and decompresses it."""
 
-    def __init__(
-        self, app: Callable[..., Any], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = 60.0
-    ) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = 60.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout

@@ -161,8 +161,9 @@ class HeaderDeadlineProtocol(H11Protocol):
 
     def _header_deadline_passed(self) -> None:
         self._header_deadline = None
+        # uvicorn annotates ``cycle`` as never None, yet it is None until a request's headers arrive
         waiting_for_headers = self.conn.their_state in (h11.IDLE, h11.DONE) and (
-            self.cycle is None or self.cycle.response_complete
+            self.cycle is None or self.cycle.response_complete  # type: ignore[redundant-expr]
         )
         if waiting_for_headers and not self.transport.is_closing():
             self.transport.close()

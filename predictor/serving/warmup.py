@@ -101,9 +101,10 @@ def warmup_schema(tokenizer: Any, max_length: int) -> WarmupSchema:
         tokens = schema_tokens(tokenizer, questions)
         if tokens <= max_length:
             return WarmupSchema(questions, tokens)
+    smallest = schema_tokens(tokenizer, WARMUP_SCHEMAS[-1])
     raise WarmupDoesNotFit(
         f"--max-model-len {max_length} leaves no room for a System One request: a prompt with one "
-        f"two-option question and no state takes {tokens} tokens with this release's tokenizer"
+        f"two-option question and no state takes {smallest} tokens with this release's tokenizer"
     )
 
 
