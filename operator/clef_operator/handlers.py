@@ -162,7 +162,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
-    if tuple(settings.networking.error_backoffs) == tuple(kopf.OperatorSettings().networking.error_backoffs):
+    if _delays(settings.networking.error_backoffs) == _delays(kopf.OperatorSettings().networking.error_backoffs):
         settings.networking.error_backoffs = ERROR_BACKOFFS
     exiting = settings.process.ultimate_exiting_timeout
     settings.process.ultimate_exiting_timeout = min(exiting, EXIT_TIMEOUT) if exiting else EXIT_TIMEOUT
@@ -173,11 +173,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.networking.request_timeout = min(settings.networking.request_timeout or REQUEST_TIMEOUT, REQUEST_TIMEOUT)
 
 
+def _delays(backoffs: float | Iterable[float]) -> tuple[float, ...]:
+    """kopf's error backoffs as the delays it waits between tries (one number: one retry after it)."""
+    return tuple(backoffs) if isinstance(backoffs, Iterable) else (backoffs,)
+
+
 def liveness_limit(settings: kopf.OperatorSettings) -> float:
     """Seconds without progress after which a watch stream counts as stuck."""
-    backoffs = settings.networking.error_backoffs
-    retrying = sum(backoffs) if isinstance(backoffs, tuple | list) else float(backoffs)
-    attempts = len(backoffs) + 1 if isinstance(backoffs, tuple | list) else 2
+    backoffs = _delays(settings.networking.error_backoffs)
+    retrying = sum(backoffs)
+    attempts = len(backoffs) + 1
     connect = settings.networking.connect_timeout or CONNECT_TIMEOUT
     return settings.watching.inactivity_timeout + retrying + attempts * connect + LIVENESS_MARGIN
 
@@ -220,9 +225,22 @@ def gpu_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, GpuNode] | None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def decisions(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
+def decisions(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
     """ClefDecisions by (namespace, name), as plain dicts, for node-, child- and scheduler-triggered passes."""
-    return {(namespace, name): _plain(body)}
+    return {(_namespaced(namespace), name): _plain(body)}
+
+
+def _indices(handler_kwargs: Mapping[str, Any]) -> tuple[kopf.Index[str, GpuNode], kopf.Index[Key, dict[str, Any]]]:
+    """The two indices above, which kopf passes every handler as keyword arguments named after them (its
+    handler protocols cannot declare them, so the handlers take them in ``**kwargs``)."""
+    return handler_kwargs["gpu_nodes"], handler_kwargs["decisions"]
+
+
+def _namespaced(namespace: str | None) -> str:
+    """The namespace of a ClefDecision or InferenceService (kopf's None is for cluster-scoped kinds only)."""
+    if namespace is None:
+        raise ValueError("a namespaced object came without a namespace")
+    return namespace
 
 
 async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> Outcome | None:
@@ -256,8 +274,9 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
                 api=state.api,
                 previous_status=previous,
                 policy=state.policy,
-                adopt=lambda child: kopf.adopt(child, owner=body),
-                held=held,  # type: ignore[arg-type]
+                # kopf.adopt reads its owner as a mapping; its annotation asks for kopf's Body view of one
+                adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
+                held=held,
             )
             if outcome.status != previous:
                 await state.api.patch_decision_status(key[0], key[1], outcome.status)
@@ -302,18 +321,18 @@ def _retry_later(state: OperatorState, key: Key) -> None:
 
 async def _scheduler(state: OperatorState, memo: Any) -> None:
     """Run due passes; every RESYNC_SECONDS make every ClefDecision due (repairs drift nobody reported)."""
-    assert state.wake is not None
+    assert state.wake is not None and state.decisions_index is not None  # set before the task starts
     loop = asyncio.get_running_loop()
     next_resync = loop.time() + RESYNC_SECONDS
     while True:
         now = loop.time()
         if now >= next_resync:
             next_resync = now + RESYNC_SECONDS
-            for key, _ in (state.decisions_index or {}).items():
+            for key in state.decisions_index:
                 state.due.setdefault(key, now)
         for key in [key for key, when in state.due.items() if when <= now]:
             del state.due[key]
-            body = next(iter((state.decisions_index or {}).get(key, [])), None)
+            body = next(iter(state.decisions_index.get(key, [])), None)
             if body is None:
                 continue
             try:
@@ -343,59 +362,50 @@ async def _reconcile_for_handler(
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def resumed(
-    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
-) -> None:
+async def resumed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Reconcile every ClefDecision found when the operator starts."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
+    await _reconcile_for_handler(body, memo, *_indices(kwargs))
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-async def created(
-    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
-) -> None:
+async def created(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Reconcile a new ClefDecision."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
+    await _reconcile_for_handler(body, memo, *_indices(kwargs))
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def updated(
-    body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any], **_: Any
-) -> None:
+async def updated(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Reconcile a ClefDecision whose spec, labels or annotations changed."""
-    await _reconcile_for_handler(body, memo, gpu_nodes, decisions)
+    await _reconcile_for_handler(body, memo, *_indices(kwargs))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def forget_deleted(type: str | None, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+def forget_deleted(type: str | None, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
     """Drop the per-ClefDecision state of a deleted ClefDecision."""
     if type == "DELETED":
         state = _state(memo)
-        state.locks.pop((namespace, name), None)
+        key = (_namespaced(namespace), name)
+        state.locks.pop(key, None)
         state.last_status.pop(uid, None)
-        state.due.pop((namespace, name), None)
-        state.failures.pop((namespace, name), None)
+        state.due.pop(key, None)
+        state.failures.pop(key, None)
         state.posted.pop(uid, None)
 
 
 @kopf.on.event("nodes")
-async def node_changed(
-    memo: kopf.Memo,
-    gpu_nodes: kopf.Index[str, GpuNode],
-    decisions: kopf.Index[Key, dict[str, Any]],
-    **_: Any,
-) -> None:
+async def node_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     """Re-reconcile every ClefDecision when what the GPU nodes say about pools changes.
 
     Only pool labels, GPU Feature Discovery's GPU labels and GPU counts count: heartbeats, GFD's timestamp
     and other relabelling trigger nothing. A failed pass is retried by the scheduler with backoff.
     """
     state = _state(memo)
+    gpu_nodes, decisions = _indices(kwargs)
     _remember(state, memo, gpu_nodes, decisions)
     nodes = _gpu_nodes(gpu_nodes)
     label_keys = {
         key
-        for _, store in decisions.items()
+        for store in decisions.values()
         for body in store
         if (key := ((body.get("spec") or {}).get("nodePools") or {}).get("labelKey"))
     }
@@ -403,7 +413,7 @@ async def node_changed(
     if fingerprint == state.node_fingerprint:
         return
     state.node_fingerprint = fingerprint
-    for _, store in list(decisions.items()):
+    for store in list(decisions.values()):
         for body in list(store):
             with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
                 await _run(body, memo, nodes)
@@ -411,20 +421,15 @@ async def node_changed(
 
 @kopf.on.event(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL)
 async def inferenceservice_changed(
-    body: kopf.Body,
-    namespace: str,
-    name: str,
-    type: str | None,
-    memo: kopf.Memo,
-    gpu_nodes: kopf.Index[str, GpuNode],
-    decisions: kopf.Index[Key, dict[str, Any]],
-    **_: Any,
+    body: kopf.Body, namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """Schedule a pass of the owner of a changed InferenceService (readiness, URL, hand edits are repaired;
     events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
     one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
     state = _state(memo)
+    gpu_nodes, decisions = _indices(kwargs)
     _remember(state, memo, gpu_nodes, decisions)
+    isvc_namespace = _namespaced(namespace)
     owner = next(
         (
             ref
@@ -435,13 +440,13 @@ async def inferenceservice_changed(
     )
     targets: list[Key] = []
     if owner is not None:
-        targets.append((namespace, owner["name"]))
+        targets.append((isvc_namespace, owner["name"]))
     elif not body.metadata.get("ownerReferences") and (label := body.metadata.labels.get(DECISION_LABEL)):
         # An owner reference stripped by hand: the ClefDecision of its label adopts it back.
-        targets += [key for key in decisions if key[0] == namespace and label_value(key[1]) == label]
-    if type == "DELETED" and (namespace, name) in state.waiting_for:
-        state.name_backoff.pop((namespace, name), None)
-        state.schedule(state.waiting_for.pop((namespace, name)), 0.0)  # a freed name is taken at once
+        targets += [key for key in decisions if key[0] == isvc_namespace and label_value(key[1]) == label]
+    if type == "DELETED" and (isvc_namespace, name) in state.waiting_for:
+        state.name_backoff.pop((isvc_namespace, name), None)
+        state.schedule(state.waiting_for.pop((isvc_namespace, name)), 0.0)  # a freed name is taken at once
     for key in dict.fromkeys(targets):
         parent = next(iter(decisions.get(key, [])), None)
         if parent is None or (owner is not None and parent["metadata"].get("uid") != owner.get("uid")):

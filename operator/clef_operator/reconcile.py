@@ -199,7 +199,7 @@ async def reconcile(
         held=held,
     )
 
-    entries: list[dict[str, Any]] = []
+    entries = []
     for key in sorted(decisions):
         decision = decisions[key]
         current = [obj for obj in owned.get(key, []) if not obj["metadata"].get("deletionTimestamp")]

@@ -105,8 +105,10 @@ def _condition(
     kind: str, status: str, reason: str, message: str, previous: Sequence[Mapping[str, Any]], now: str
 ) -> dict[str, Any]:
     before = next((c for c in previous if c.get("type") == kind), None)
-    changed = before is None or before.get("status") != status
-    since = now if changed or not before.get("lastTransitionTime") else before["lastTransitionTime"]
+    if before is not None and before.get("status") == status and before.get("lastTransitionTime"):
+        since = before["lastTransitionTime"]  # unchanged: the transition is the earlier one
+    else:
+        since = now
     return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 

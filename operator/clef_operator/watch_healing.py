@@ -27,6 +27,7 @@ import aiohttp
 import kopf
 from kopf._cogs.clients import errors as kopf_errors
 from kopf._cogs.clients import watching as kopf_watching
+from kopf._cogs.structs.references import Namespace
 
 LOGGER = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 0.5
@@ -79,7 +80,7 @@ def _uid(obj: Any) -> str | None:
 
 
 async def continuous_watch(
-    *, settings: kopf.OperatorSettings, resource: Any, namespace: str | None, **kwargs: Any
+    *, settings: kopf.OperatorSettings, resource: Any, namespace: Namespace, **kwargs: Any
 ) -> AsyncIterator[Any]:
     """kopf's list-then-watch cycle, ending quietly (after a backoff) on any failure, with DELETED catch-up."""
     stream = streams(settings).setdefault((str(resource), namespace), StreamHealth())
@@ -91,8 +92,8 @@ async def continuous_watch(
         ):
             stream.touch()
             if item is kopf_watching.Bookmark.LISTED and listed is not None:
-                for uid in stream.known.keys() - listed.keys():  # gone while the stream was down
-                    yield {"type": "DELETED", "object": stream.known[uid]}
+                for gone in stream.known.keys() - listed.keys():  # gone while the stream was down
+                    yield {"type": "DELETED", "object": stream.known[gone]}
                 stream.known, listed = listed, None
             elif isinstance(item, Mapping) and (uid := _uid(item.get("object"))) is not None:
                 kind = item.get("type")
@@ -117,7 +118,7 @@ async def continuous_watch(
 
 
 async def watch_objs(
-    *, settings: kopf.OperatorSettings, resource: Any, namespace: str | None, **kwargs: Any
+    *, settings: kopf.OperatorSettings, resource: Any, namespace: Namespace, **kwargs: Any
 ) -> AsyncIterator[Any]:
     """kopf's single watch request, recording the (re)connection as progress of its stream."""
     streams(settings).setdefault((str(resource), namespace), StreamHealth()).touch()
@@ -136,8 +137,8 @@ def stale_streams(settings: kopf.OperatorSettings, now: float, limit: float) -> 
 
 def install() -> None:
     """Put the healing cycle in place of kopf's (idempotent)."""
-    kopf_watching.continuous_watch = continuous_watch  # type: ignore[assignment]
-    kopf_watching.watch_objs = watch_objs  # type: ignore[assignment]
+    kopf_watching.continuous_watch = continuous_watch
+    kopf_watching.watch_objs = watch_objs
 
 
 def installed() -> bool:
