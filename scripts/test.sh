@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: install everything into .venv/ (PyPI only), build the real cluster's binaries once (Go
-# module proxy; cached outside the repository, see clef_cluster/), then run the whole test suite.
+# The test command: install everything into .venv/ (PyPI only), run the lint, format and type gate
+# (scripts/lint.sh; a finding fails the command before any test runs), build the real cluster's binaries once
+# (Go module proxy; cached outside the repository, see clef_cluster/), then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/lint.sh
 .venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
 exec .venv/bin/python -m pytest "$@"
