@@ -18,7 +18,7 @@ from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.config import config_from_args
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.engines import ENGINE_CHOICES, build_engine, vllm_can_serve
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
 from predictor.http.api_args import add_api_args, api_keys, build_server, check_api_args, install_api, register_aliases
@@ -55,13 +55,15 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def vllm_may_serve(argv: Sequence[str]) -> bool:
-    """Whether the command line ``argv`` can end up on the vLLM engine (any ``--engine`` but ``transformers``),
-    or asks for help (which lists vLLM's flags): only then is vLLM's parser built (it imports vLLM)."""
+    """Whether the command line ``argv`` can end up on the vLLM engine (:func:`predictor.engines.vllm_can_serve`:
+    ``--engine vllm``, or ``auto`` with vLLM and a GPU), or asks for help (which lists vLLM's flags): only then is
+    vLLM's parser built (it imports vLLM)."""
     if any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in argv):
         return True
     engine = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     engine.add_argument("--engine", default="auto")
-    return engine.parse_known_args(list(argv))[0].engine != "transformers"
+    requested = engine.parse_known_args(list(argv))[0].engine
+    return requested in ENGINE_CHOICES and vllm_can_serve(requested)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

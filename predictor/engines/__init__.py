@@ -32,7 +32,7 @@ TORCH_DTYPES = {
     "float": torch.float32,
 }
 
-__all__ = ["ENGINE_CHOICES", "Engine", "EngineConfig", "EngineDead", "build_engine", "choose_engine"]
+__all__ = ["ENGINE_CHOICES", "Engine", "EngineConfig", "EngineDead", "build_engine", "choose_engine", "vllm_can_serve"]
 
 
 def _plugin_ready() -> bool:
@@ -63,6 +63,12 @@ def choose_engine(requested: str, vllm_available: bool | None = None, gpu_count:
     if gpu_count:
         return "vllm", f"vLLM is installed and {gpu_count} GPU(s) are visible"
     return "transformers", "no GPU is visible (use --engine vllm for vLLM's CPU build)"
+
+
+def vllm_can_serve(requested: str) -> bool:
+    """Whether ``--engine requested`` ends on the vLLM engine on this machine (``auto`` as :func:`choose_engine`
+    decides): only then are vLLM's flags read (vLLM's parser imports vLLM, seconds of every start)."""
+    return choose_engine(requested)[0] == "vllm"
 
 
 def build_transformers(config: EngineConfig) -> Engine:

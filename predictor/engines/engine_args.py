@@ -6,7 +6,8 @@ With vLLM installed the parser is vLLM's ``FlexibleArgumentParser`` with every f
 :func:`given_vllm_flags`, and :func:`vllm_engine_args` builds ``AsyncEngineArgs`` from that configuration and
 lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
 contradictions). Without vLLM (a transformers-only install), or when the vLLM engine cannot be chosen
-(``--engine transformers``: building vLLM's parser imports vLLM, seconds of every start), only the flags the
+(``--engine transformers``, or ``auto`` without a GPU: building vLLM's parser imports vLLM, seconds of every
+start), only the flags the
 transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``,
 ``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
 """
@@ -100,8 +101,11 @@ def changed_engine_args(engine_args: AsyncEngineArgs) -> dict[str, Any]:
 def given_vllm_flags(args: argparse.Namespace) -> dict[str, Any]:
     """vLLM's engine arguments on the parsed command line ``args`` that differ from vLLM's defaults, the fields
     :class:`~predictor.engines.config.EngineConfig` holds itself left out: none when vLLM cannot serve (not
-    installed, or ``--engine transformers``, whose parser has no vLLM flags)."""
-    if args.engine == "transformers" or not vllm_installed():
+    installed, or ``--engine`` does not end on vLLM: :func:`predictor.engines.vllm_can_serve`; the parser had no
+    vLLM flags then)."""
+    from predictor.engines import vllm_can_serve
+
+    if not vllm_installed() or not vllm_can_serve(args.engine):
         return {}
     from vllm import AsyncEngineArgs
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import kserve
-    from grpc import aio
     from kserve.model_repository import ModelRepository
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.grpc.server import GRPCServer
@@ -84,8 +83,9 @@ def grpc_server_parts(server: GRPCServer) -> GrpcServerParts:
     return GrpcServerParts(server._port, server._data_plane, server._model_repository_extension)
 
 
-def attach_aio_server(server: GRPCServer, aio_server: aio.Server) -> None:
-    """Give KServe's ``GRPCServer`` the running ``aio_server`` that its ``stop`` stops (with its grace period)."""
+def attach_aio_server(server: GRPCServer, aio_server: Any) -> None:
+    """Give KServe's ``GRPCServer`` the running ``aio_server`` (a ``grpc.aio.Server``) that its ``stop`` stops, with
+    its grace period."""
     server._server = aio_server
 
 

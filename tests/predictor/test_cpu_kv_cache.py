@@ -109,7 +109,7 @@ def test_explicit_cache_settings_win(
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    args = build_parser().parse_args(["--max-model-len", "512", *argv])
+    args = build_parser().parse_args(["--engine", "vllm", "--max-model-len", "512", *argv])
     given = vllm_engine_args(engine_config(args, tiny_release), on_gpu=False)
     chosen = with_cpu_kv_cache(given, tiny_release)
     if sized:
@@ -130,7 +130,7 @@ def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
     from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    args = build_parser().parse_args(["--gpu-memory-utilization", "0.99"])
+    args = build_parser().parse_args(["--engine", "vllm", "--gpu-memory-utilization", "0.99"])
     given = vllm_engine_args(engine_config(args, tiny_release), on_gpu=False)
     with pytest.raises(InsufficientMemory, match="lower --gpu-memory-utilization"):
         with_cpu_kv_cache(given, tiny_release)
