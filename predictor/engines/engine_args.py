@@ -7,9 +7,8 @@ With vLLM installed the parser is vLLM's ``FlexibleArgumentParser`` with every f
 lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
 contradictions). Without vLLM (a transformers-only install), or when the vLLM engine cannot be chosen
 (``--engine transformers``, or ``auto`` without a GPU: building vLLM's parser imports vLLM, seconds of every
-start), only the flags the
-transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``,
-``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
+start), only the flags the transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``,
+``--max-model-len``, ``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
 """
 
 from __future__ import annotations
