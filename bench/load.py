@@ -28,6 +28,8 @@ from typing import Any
 
 import aiohttp
 
+from predictor.engines.config import ENGINE_CHOICES
+
 MODEL_NAME = "clef-flash"
 
 
@@ -132,23 +134,20 @@ async def http_load(
 
 async def direct_load(args: argparse.Namespace) -> list[tuple[int, Results]]:
     """Load on the engine in this process (validation, encoding, scoring; no HTTP), one run per client count."""
-    from predictor.cli import DEFAULT_ANSWER_CACHE_BYTES, build_parser
-    from predictor.engines import build_engine
+    from predictor.cli import DEFAULT_ANSWER_CACHE_BYTES
+    from predictor.engines import EngineConfig, build_engine
     from predictor.serving.lifecycle import Lifecycle, Phase
     from predictor.serving.options import ServingOptions, build_service
     from predictor.serving.service import ModelCard
 
-    argv = [
-        "--engine",
-        args.engine,
-        "--max-model-len",
-        str(args.max_model_len),
-        "--max-batch",
-        str(args.max_batch),
-        "--dp",
-        str(args.dp),
-    ]
-    engine = build_engine(build_parser(argv).parse_args(argv), args.model_dir)
+    config = EngineConfig(
+        release_dir=args.model_dir,
+        kind=args.engine,
+        data_parallel_size=args.dp,
+        max_model_len=args.max_model_len,
+        max_batch=args.max_batch,
+    )
+    engine = build_engine(config)
     await engine.start()
     lifecycle = Lifecycle(args.model)
     lifecycle.enter(Phase.OK)
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     direct = parser.add_argument_group("direct (no HTTP)")
     direct.add_argument("--direct", action="store_true", help="call the engine in this process instead of HTTP")
     direct.add_argument("--model-dir", type=Path, help="release folder (with --direct)")
-    direct.add_argument("--engine", default="transformers", choices=("auto", "vllm", "transformers"))
+    direct.add_argument("--engine", default="transformers", choices=ENGINE_CHOICES)
     direct.add_argument("--max-model-len", type=int, default=1024)
     direct.add_argument("--max-batch", type=int, default=32)
     direct.add_argument("--dp", type=int, default=1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import logging
 import sys
 from collections.abc import Sequence
@@ -17,42 +16,24 @@ from pathlib import Path
 
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
+from predictor.config import config_from_args
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.engines import ENGINE_CHOICES, build_engine, vllm_can_serve
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
-from predictor.http.api_args import (
-    add_api_args,
-    api_keys,
-    check_api_args,
-    grpc_settings,
-    http_limits,
-    install_api,
-    register_aliases,
-    request_policy,
-    resolve_encode_processes,
-)
+from predictor.http.api_args import add_api_args, api_keys, build_server, check_api_args, install_api, register_aliases
 from predictor.http.compat import add_action, declared_options, kserve_parser_actions
 from predictor.http.health import NotReadyTracebackFilter
 from predictor.http.observe import configure_json_logs
-from predictor.http.server_limits import ClefModelServer
 from predictor.model import ClefModel
 from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
-from predictor.serving.options import ServingOptions
 from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer
-from predictor.serving.service import ModelCard
 from predictor.serving.warmup import WarmupDoesNotFit, warmup_schema
 
 log = logging.getLogger("predictor")
 
-DEFAULT_MAX_MODEL_LEN = 16384
-DEMO_MAX_MODEL_LEN = 1024
 DEFAULT_ANSWER_CACHE_BYTES = 16 << 20
-DESCRIPTION = (
-    "Clef-flash, Cloudflare's decision model (Qwen3.5-9B backbone + joint schema head): "
-    "answers noul, choice and score questions about a JSON state."
-)
 
 
 def add_kserve_args(parser: argparse.ArgumentParser) -> None:
@@ -74,13 +55,15 @@ def add_kserve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def vllm_may_serve(argv: Sequence[str]) -> bool:
-    """Whether the command line ``argv`` can end up on the vLLM engine (any ``--engine`` but ``transformers``),
-    or asks for help (which lists vLLM's flags): only then is vLLM's parser built (it imports vLLM)."""
+    """Whether the command line ``argv`` can end up on the vLLM engine (:func:`predictor.engines.vllm_can_serve`:
+    ``--engine vllm``, or ``auto`` with vLLM and a GPU), or asks for help (which lists vLLM's flags): only then is
+    vLLM's parser built (it imports vLLM)."""
     if any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in argv):
         return True
     engine = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     engine.add_argument("--engine", default="auto")
-    return engine.parse_known_args(list(argv))[0].engine != "transformers"
+    requested = engine.parse_known_args(list(argv))[0].engine
+    return requested in ENGINE_CHOICES and vllm_can_serve(requested)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -194,19 +177,6 @@ def configure_logging(args: argparse.Namespace) -> None:
         logging.getLogger("uvicorn.access").disabled = True
 
 
-def model_card(args: argparse.Namespace, model_dir: Path, random: bool) -> ModelCard:
-    """Name, description (with the RANDOM warning when it applies) and release date."""
-    description = args.description or DESCRIPTION
-    if random:
-        description = f"{RANDOM_WARNING} {description}"
-    release_date = args.release_date
-    if release_date is None:
-        config = model_dir / "config.json"
-        stamp = config.stat().st_mtime if config.exists() else model_dir.stat().st_mtime
-        release_date = datetime.datetime.fromtimestamp(stamp, tz=datetime.UTC).date().isoformat()
-    return ModelCard(name=args.model_name, description=description, release_date=release_date)
-
-
 def gpu_count() -> int:
     """GPUs this process sees."""
     import torch
@@ -225,58 +195,29 @@ def main(argv: list[str] | None = None) -> None:
     from kserve.model_server import app
 
     if args.model_dir is None:
-        model_dir = demo_release(args.demo_cache_dir)
+        release_dir = demo_release(args.demo_cache_dir)
     else:
-        model_dir = args.model_dir
-    random = is_random_release(model_dir)
+        release_dir = args.model_dir
+    random = is_random_release(release_dir)
     if random:
         for line in ("*" * 100, RANDOM_WARNING, "*" * 100):
             log.warning(line)
-    if args.max_model_len is None:
-        args.max_model_len = DEMO_MAX_MODEL_LEN if args.model_dir is None else DEFAULT_MAX_MODEL_LEN
-    if (model_dir / TOKENIZER_FILE).is_file():  # else the engine's tokenizer measures it at load
+    config = config_from_args(args, release_dir, random, gpu_count())
+    if (release_dir / TOKENIZER_FILE).is_file():  # else the engine's tokenizer measures it at load
         try:  # the shortest prompt, measured before any engine is built
-            warmup_schema(ReleaseTokenizer(model_dir), args.max_model_len)
+            warmup_schema(ReleaseTokenizer(release_dir), config.engine.max_model_len)
         except WarmupDoesNotFit as exc:
             parser.error(str(exc))
-    options = ServingOptions(
-        warmup_rounds=args.warmup_rounds,
-        warmup_max_batch=min(16, args.max_batch),
-        max_queued=args.max_queued_requests,
-        answer_cache_bytes=args.answer_cache_bytes,
-        exit_on_engine_death=args.exit_on_engine_death,
-        encode_processes=resolve_encode_processes(args, gpu_count()),
-        release_dir=model_dir,
-        max_batch_items=args.max_batch_items,
-        max_queue_wait_s=args.max_queue_wait_s,
-        policy=request_policy(args),
-    )
-    model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
+    model = ClefModel(config.card, lambda: build_engine(config.engine), options=config.serving)
     try:
         model.load()
     except (PluginSettingConflict, WarmupDoesNotFit) as exc:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
-    keys = api_keys(args)
-    install_api(app, model, args, keys)
-    server = ClefModelServer(
-        http_limits(args),
-        grpc_settings(args, keys),
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        workers=1,
-        max_threads=args.max_threads,
-        max_asyncio_workers=args.max_asyncio_workers,
-        enable_docs_url=args.enable_docs_url,
-        enable_latency_logging=args.enable_latency_logging,
-        access_log_format=args.access_log_format,
-        event_loop=args.event_loop,
-        timeout_keep_alive=args.timeout_keep_alive,
-        grace_period=args.drain_timeout,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-    )
-    register_aliases(server, model, args)
+    keys = api_keys(config.api)
+    install_api(app, model, config.api, keys)
+    server = build_server(config.api, keys)
+    register_aliases(server, model, config.serving.policy.aliases)
     server.start([model])
     exit_after_shutdown()

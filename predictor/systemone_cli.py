@@ -59,6 +59,11 @@ def _accepts(predictor_parser: argparse.ArgumentParser, flag: str, value: str) -
     return not unknown and getattr(namespace, flag.lstrip("-").replace("-", "_"), None) is not None
 
 
+def chooses_engine(rest: list[str]) -> bool:
+    """Whether the pass-through arguments ``rest`` choose the engine (else the card's command serves vLLM)."""
+    return any(item == "--engine" or item.startswith("--engine=") for item in rest)
+
+
 def predictor_argv(args: argparse.Namespace, rest: list[str], predictor_parser: argparse.ArgumentParser) -> list[str]:
     """``python -m predictor`` arguments for the card's ``args`` plus the pass-through ``rest``.
 
@@ -81,8 +86,7 @@ def predictor_argv(args: argparse.Namespace, rest: list[str], predictor_parser: 
         if not _accepts(predictor_parser, flag, value):
             raise ValueError(f"{card_flag} {value}: this predictor has no {flag} flag, so it cannot honour {card_flag}")
         argv += [flag, value]
-    chooses_engine = any(item == "--engine" or item.startswith("--engine=") for item in rest)
-    if not chooses_engine and _accepts(predictor_parser, "--engine", "vllm"):
+    if not chooses_engine(rest) and _accepts(predictor_parser, "--engine", "vllm"):
         argv += ["--engine", "vllm"]
     return argv + rest
 
@@ -110,7 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
-        translated = predictor_argv(args, rest, cli.build_parser())
+        # the predictor's parser for the engine that will serve: vLLM's flags only if it can be vLLM
+        translated = predictor_argv(
+            args, rest, cli.build_parser(rest if chooses_engine(rest) else ["--engine", "vllm"])
+        )
     except ValueError as exc:
         parser.error(str(exc))
     install_card_routes(app, args.served_model_name)

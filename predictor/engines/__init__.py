@@ -5,7 +5,6 @@ The layer above :mod:`predictor.core` only: engines know neither the pipeline no
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import logging
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from predictor.engines.base import Engine, EngineDead
+from predictor.engines.config import ENGINE_CHOICES, EngineConfig
 from predictor.engines.cpu_kv_cache import default_kv_cache_bytes, kv_layout, weights_bytes
 from predictor.engines.memory import GIB, check_transformers_memory, check_vllm_cpu_memory
 
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENGINE_CHOICES = ("auto", "vllm", "transformers")
 TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -33,7 +32,7 @@ TORCH_DTYPES = {
     "float": torch.float32,
 }
 
-__all__ = ["ENGINE_CHOICES", "Engine", "EngineDead", "build_engine", "choose_engine"]
+__all__ = ["ENGINE_CHOICES", "Engine", "EngineConfig", "EngineDead", "build_engine", "choose_engine", "vllm_can_serve"]
 
 
 def _plugin_ready() -> bool:
@@ -66,30 +65,36 @@ def choose_engine(requested: str, vllm_available: bool | None = None, gpu_count:
     return "transformers", "no GPU is visible (use --engine vllm for vLLM's CPU build)"
 
 
-def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
-    """``--dp`` transformers engines (one per GPU, or all on the CPU) from the parsed command line."""
+def vllm_can_serve(requested: str) -> bool:
+    """Whether ``--engine requested`` ends on the vLLM engine on this machine (``auto`` as :func:`choose_engine`
+    decides): only then are vLLM's flags read (vLLM's parser imports vLLM, seconds of every start)."""
+    return choose_engine(requested)[0] == "vllm"
+
+
+def build_transformers(config: EngineConfig) -> Engine:
+    """``config.data_parallel_size`` transformers engines (one per GPU, or all on the CPU)."""
     from predictor.engines.pool import EnginePool
     from predictor.engines.transformers import TransformersEngine
 
     gpus = torch.cuda.device_count()
-    count = args.data_parallel_size
+    count = config.data_parallel_size
     if gpus and count > gpus:
         raise ValueError(f"--dp {count} needs {count} GPUs, {gpus} are visible")
     devices = [f"cuda:{i}" if gpus else "cpu" for i in range(count)]
-    if args.dtype not in ("auto", *TORCH_DTYPES):
-        raise ValueError(f"--dtype {args.dtype} is not supported by the transformers engine")
+    if config.dtype not in ("auto", *TORCH_DTYPES):
+        raise ValueError(f"--dtype {config.dtype} is not supported by the transformers engine")
     # auto: BF16 on GPUs; FP32 on CPUs, where BF16 matmuls are slow and batched results drift more.
-    dtype = TORCH_DTYPES.get(args.dtype, torch.bfloat16 if gpus else torch.float32)
+    dtype = TORCH_DTYPES.get(config.dtype, torch.bfloat16 if gpus else torch.float32)
     if not gpus:
-        check_transformers_memory(model_dir, dtype.itemsize, count)
+        check_transformers_memory(config.release_dir, dtype.itemsize, count)
     engines: list[Engine] = [
         TransformersEngine(
-            model_dir,
-            max_length=args.max_model_len,
+            config.release_dir,
+            max_length=config.max_model_len,
             device=device,
             dtype=dtype,
-            max_batch=args.max_batch,
-            max_wait_s=args.batch_wait_ms / 1000,
+            max_batch=config.max_batch,
+            max_wait_s=config.batch_wait_s,
             label=f"transformers-{index}",
         )
         for index, device in enumerate(devices)
@@ -125,22 +130,22 @@ def with_cpu_kv_cache(engine_args: AsyncEngineArgs, model_dir: Path) -> AsyncEng
     return dataclasses.replace(engine_args, kv_cache_memory_bytes=size)
 
 
-def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
-    """The engine ``--engine`` names (``auto`` resolved by :func:`choose_engine`, logged).
+def build_engine(config: EngineConfig) -> Engine:
+    """The engine ``config.kind`` names (``auto`` resolved by :func:`choose_engine`, logged).
 
-    vLLM's engine arguments come from the command line with the plugin's settings laid over them
+    vLLM's engine arguments come from ``config`` (vLLM's own flags) with the plugin's settings laid over them
     (:func:`predictor.engines.engine_args.vllm_engine_args`). On a CPU, the KV cache is sized to fit the machine
     first (:func:`with_cpu_kv_cache`; :class:`predictor.engines.memory.InsufficientMemory` names the flag to change).
     """
-    kind, reason = choose_engine(args.engine)
-    log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
+    kind, reason = choose_engine(config.kind)
+    log.info("engine: %s (%s), data parallel %d", kind, reason, config.data_parallel_size)
     if kind == "vllm":
         from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine
 
         on_gpu = torch.cuda.is_available()
-        engine_args = vllm_engine_args(args, model_dir, on_gpu=on_gpu)
+        engine_args = vllm_engine_args(config, on_gpu=on_gpu)
         if not on_gpu:
-            engine_args = with_cpu_kv_cache(engine_args, model_dir)
+            engine_args = with_cpu_kv_cache(engine_args, config.release_dir)
         return VllmEngine(engine_args)
-    return build_transformers(args, model_dir)
+    return build_transformers(config)

@@ -2,12 +2,13 @@
 
 With vLLM installed the parser is vLLM's ``FlexibleArgumentParser`` with every flag of
 ``AsyncEngineArgs.add_cli_args`` (``--tensor-parallel-size``, ``--kv-cache-memory-bytes``,
-``--quantization`` ...); :func:`vllm_engine_args` builds them with ``AsyncEngineArgs.from_cli_args``
-and lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
+``--quantization`` ...); the ones given reach :class:`~predictor.engines.config.EngineConfig` through
+:func:`given_vllm_flags`, and :func:`vllm_engine_args` builds ``AsyncEngineArgs`` from that configuration and
+lays the plugin's fixed settings over them (``clef_plugin.engine_kwargs``, which refuses
 contradictions). Without vLLM (a transformers-only install), or when the vLLM engine cannot be chosen
-(``--engine transformers``: building vLLM's parser imports vLLM, seconds of every start), only the flags the
-transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``, ``--max-model-len``,
-``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
+(``--engine transformers``, or ``auto`` without a GPU: building vLLM's parser imports vLLM, seconds of every
+start), only the flags the transformers engine reads are declared, with vLLM's names: ``--data-parallel-size``,
+``--max-model-len``, ``--dtype``. ``--dp`` is an alias of ``--data-parallel-size`` either way.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from predictor.engines.config import SHARED_VLLM_FIELDS, EngineConfig
 
 if TYPE_CHECKING:
     from vllm import AsyncEngineArgs
@@ -74,57 +78,86 @@ def add_engine_args(parser: argparse.ArgumentParser, vllm_flags: bool = True) ->
     )
 
 
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default (``MISSING`` when it has none)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
 def changed_engine_args(engine_args: AsyncEngineArgs) -> dict[str, Any]:
     """The engine arguments whose value differs from vLLM's own default (set on the command line or by us)."""
-    changed = {}
-    for field in dataclasses.fields(engine_args):
-        if not field.init:
-            continue
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = dataclasses.MISSING
-        value = getattr(engine_args, field.name)
-        if value != default:
-            changed[field.name] = value
-    return changed
+    fields = (field for field in dataclasses.fields(engine_args) if field.init)
+    return {
+        field.name: getattr(engine_args, field.name)
+        for field in fields
+        if getattr(engine_args, field.name) != _default(field)
+    }
 
 
-def release_namespace(args: argparse.Namespace, model_dir: Path) -> argparse.Namespace:
-    """A copy of ``args`` whose ``--model`` (and ``--tokenizer``, unless given) is the release folder.
+def given_vllm_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's engine arguments on the parsed command line ``args`` that differ from vLLM's defaults, the fields
+    :class:`~predictor.engines.config.EngineConfig` holds itself left out: none when vLLM cannot serve (not
+    installed, or ``--engine`` does not end on vLLM: :func:`predictor.engines.vllm_can_serve`; the parser had no
+    vLLM flags then)."""
+    from predictor.engines import vllm_can_serve
+
+    if not vllm_installed() or not vllm_can_serve(args.engine):
+        return {}
+    from vllm import AsyncEngineArgs
+
+    fields = {field.name: field for field in dataclasses.fields(AsyncEngineArgs) if field.init}
+    return {
+        name: value
+        for name, value in vars(args).items()
+        if name in fields and name not in SHARED_VLLM_FIELDS and value != _default(fields[name])
+    }
+
+
+def release_flags(flags: Mapping[str, Any], release_dir: Path) -> dict[str, Any]:
+    """``flags`` with ``model`` (and ``tokenizer``, unless given) set to the release folder.
 
     vLLM resolves ``model`` and ``tokenizer`` through the Hugging Face hub when they are constructed if
     ``HF_HUB_OFFLINE`` is set, so its default model id must never reach ``AsyncEngineArgs``: an offline
     machine has no cached copy of it. Raises ``clef_plugin.api.PluginSettingConflict`` for a ``--model``
     other than the release folder.
     """
-    from vllm import AsyncEngineArgs
-
     from clef_plugin.api import PluginSettingConflict
 
-    release = str(model_dir)
-    if args.model not in (AsyncEngineArgs.model, release):
-        raise PluginSettingConflict("model", args.model, f"the release folder is {release!r}")
-    return argparse.Namespace(**{**vars(args), "model": release, "tokenizer": args.tokenizer or release})
+    release = str(release_dir)
+    model = flags.get("model", release)
+    if model != release:
+        raise PluginSettingConflict("model", model, f"the release folder is {release!r}")
+    return {**flags, "model": release, "tokenizer": flags.get("tokenizer") or release}
 
 
-def vllm_engine_args(args: argparse.Namespace, model_dir: Path, on_gpu: bool) -> AsyncEngineArgs:
-    """vLLM's ``AsyncEngineArgs`` from the command line, with the plugin's settings laid over them.
+def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
+    """vLLM's ``AsyncEngineArgs`` from ``config`` (vLLM's own flags and the shared ones), with the plugin's
+    settings laid over them.
 
-    On a CPU the engine runs eager unless asked otherwise (torch.compile costs about a minute there
-    and gains nothing). vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``):
-    the predictor encodes every prompt itself (clef_head) and sends vLLM token ids only; loading them took
-    about 20 s of each start on a 2-core machine (BENCHMARKS.md, "Start time").
+    A step of :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS` unless ``--max-num-batched-tokens`` says otherwise. On a CPU
+    the engine runs eager unless asked otherwise (torch.compile costs about a minute there and gains nothing).
+    vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``): the predictor encodes every
+    prompt itself (clef_head) and sends vLLM token ids only; loading them took about 20 s of each start on a 2-core
+    machine (BENCHMARKS.md, "Start time").
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
     from vllm import AsyncEngineArgs
 
     import clef_plugin
 
-    parsed = AsyncEngineArgs.from_cli_args(release_namespace(args, model_dir))
+    flags = {
+        "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        **release_flags(config.vllm_flags, config.release_dir),
+        "data_parallel_size": config.data_parallel_size,
+        "max_model_len": config.max_model_len,
+        "dtype": config.dtype,
+    }
+    parsed = AsyncEngineArgs(**flags)
     given = changed_engine_args(parsed)
     if not on_gpu:
         given.setdefault("enforce_eager", True)
-    return dataclasses.replace(parsed, **clef_plugin.engine_kwargs(model_dir, **given), skip_tokenizer_init=True)
+    settings = clef_plugin.engine_kwargs(config.release_dir, **given)
+    return dataclasses.replace(parsed, **settings, skip_tokenizer_init=True)

@@ -1,8 +1,8 @@
 """The HTTP API's flags (access, limits, names, batch, state overflow) and where they take effect.
 
-``add_api_args`` registers the flags on the predictor's parser; ``install_api`` adds the middleware,
-error handlers and routes to KServe's app; ``http_limits`` and ``register_aliases`` configure the
-``ClefModelServer`` that serves them.
+``add_api_args`` registers the flags on the predictor's parser and :func:`api_config` reads them into an
+:class:`~predictor.http.api_config.ApiConfig`; ``install_api`` adds the middleware, error handlers and routes to
+KServe's app; ``build_server`` and ``register_aliases`` make the ``ClefModelServer`` that serves them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
 from predictor.core.errors import ServiceError
+from predictor.http.api_config import ApiConfig, GrpcConfig, KServeServerConfig
 from predictor.http.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
 from predictor.http.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
 from predictor.http.health import install_health_routes
@@ -24,7 +25,7 @@ from predictor.http.http_body import RequestBodyMiddleware
 from predictor.http.jev_api import add_routes
 from predictor.http.observe import RequestObserverMiddleware
 from predictor.http.route_guard import RouteGuardMiddleware
-from predictor.http.server_limits import GrpcSettings, HttpLimits
+from predictor.http.server_limits import ClefModelServer, GrpcSettings, HttpLimits
 from predictor.http.shutdown import GracefulShutdown
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
 from predictor.serving.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
@@ -34,9 +35,10 @@ if TYPE_CHECKING:
     import kserve
 
     from predictor.serving.lifecycle import Lifecycle
+    from predictor.serving.options import ServingOptions
     from predictor.serving.service import SystemOneService
 
-DEFAULTS = HttpLimits()
+DEFAULTS = ApiConfig()
 SDK_DEFAULT_MODEL = "jev-latest"
 """The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
 
@@ -47,23 +49,26 @@ class ServedModel(Protocol):
     name: str
     service: SystemOneService | None
     lifecycle: Lifecycle
+    options: ServingOptions
 
 
 def add_api_args(group: argparse._ActionsContainer) -> None:
     """Register the API's flags (access, limits and names) on ``group``: a parser or one of its groups."""
     group.add_argument(
-        "--host", default=DEFAULTS.host, help="address to listen on (0.0.0.0 in a container or to serve other hosts)"
+        "--host",
+        default=DEFAULTS.limits.host,
+        help="address to listen on (0.0.0.0 in a container or to serve other hosts)",
     )
     group.add_argument(
         "--drain-timeout",
         type=int,
-        default=20,
+        default=int(DEFAULTS.limits.drain_s),
         help="seconds after the shutdown delay for requests in flight to finish; those still running then get 503",
     )
     group.add_argument(
         "--shutdown-delay",
         type=float,
-        default=5.0,
+        default=DEFAULTS.shutdown_delay,
         help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
         "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )
@@ -105,22 +110,25 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--max-header-bytes",
         type=int,
-        default=DEFAULTS.max_header_bytes,
+        default=DEFAULTS.limits.max_header_bytes,
         help="largest request line + headers; larger requests are refused and the connection closed",
     )
     group.add_argument(
         "--header-timeout",
         type=float,
-        default=DEFAULTS.header_timeout,
+        default=DEFAULTS.limits.header_timeout,
         help="seconds a connection has to send a request's headers before it is closed",
     )
     group.add_argument(
-        "--body-timeout", type=float, default=60.0, help="seconds a request has to send its body (else 408)"
+        "--body-timeout",
+        type=float,
+        default=DEFAULTS.body_timeout,
+        help="seconds a request has to send its body (else 408)",
     )
     group.add_argument(
         "--max-connections",
         type=int,
-        default=DEFAULTS.max_connections,
+        default=DEFAULTS.limits.max_connections,
         help="open connections (and running requests) beyond which new ones get 503",
     )
     group.add_argument(
@@ -144,11 +152,11 @@ def encode_processes(value: str) -> int | str:
     return int(value)
 
 
-def resolve_encode_processes(args: argparse.Namespace, gpu_count: int) -> int:
-    """The number of encode worker processes ``--encode-processes`` asks for on this machine."""
-    if args.encode_processes == "auto":
+def resolve_encode_processes(value: int | str, gpu_count: int) -> int:
+    """The number of encode worker processes ``--encode-processes value`` asks for on this machine."""
+    if value == "auto":
         return auto_encode_processes(gpu_count, usable_cpus())
-    return int(args.encode_processes)
+    return int(value)
 
 
 def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -179,64 +187,111 @@ def request_policy(args: argparse.Namespace) -> RequestPolicy:
     )
 
 
-def http_limits(args: argparse.Namespace) -> HttpLimits:
-    """The HTTP limits the flags ask for."""
-    return HttpLimits(
+def api_config(args: argparse.Namespace) -> ApiConfig:
+    """The API as the flags (the predictor's and KServe's) ask for it."""
+    server = KServeServerConfig(
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        max_threads=args.max_threads,
+        max_asyncio_workers=args.max_asyncio_workers,
+        enable_docs_url=args.enable_docs_url,
+        enable_latency_logging=args.enable_latency_logging,
+        access_log_format=args.access_log_format,
+        event_loop=args.event_loop,
+        timeout_keep_alive=args.timeout_keep_alive,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
+    limits = HttpLimits(
         host=args.host,
         max_header_bytes=args.max_header_bytes,
         header_timeout=args.header_timeout,
         max_connections=args.max_connections,
         drain_s=args.drain_timeout,
     )
-
-
-def api_keys(args: argparse.Namespace) -> ApiKeys:
-    """The API keys of ``--api-key-file`` and the environment (HTTP and gRPC share them)."""
-    return ApiKeys(args.api_key_file, os.environ.get(API_KEYS_ENV))
-
-
-def grpc_settings(args: argparse.Namespace, keys: ApiKeys) -> GrpcSettings | None:
-    """KServe's gRPC server as the flags ask for it, or None (the default: ``--enable_grpc`` is off)."""
-    if not args.enable_grpc:
-        return None
-    return GrpcSettings(
-        port=args.grpc_port,
-        max_message_bytes=min(args.max_body_bytes, args.grpc_max_receive_message_length),
-        max_send_bytes=args.grpc_max_send_message_length,
-        max_threads=args.max_threads,
-        keys=keys,
+    grpc = GrpcConfig(args.grpc_max_receive_message_length, args.grpc_max_send_message_length)
+    return ApiConfig(
+        server=server,
+        limits=limits,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        shutdown_delay=args.shutdown_delay,
+        api_key_file=args.api_key_file,
         enable_model_repository=args.enable_model_repository,
+        json_logs=args.json_logs,
+        grpc=grpc if args.enable_grpc else None,
     )
 
 
-def install_api(app: FastAPI, model: ServedModel, args: argparse.Namespace, keys: ApiKeys) -> None:
+def api_keys(config: ApiConfig) -> ApiKeys:
+    """The API keys of ``config.api_key_file`` and the environment (HTTP and gRPC share them)."""
+    return ApiKeys(config.api_key_file, os.environ.get(API_KEYS_ENV))
+
+
+def grpc_settings(config: ApiConfig, keys: ApiKeys) -> GrpcSettings | None:
+    """KServe's gRPC server as ``config`` asks for it, or None (the default: ``--enable_grpc`` is off)."""
+    if config.grpc is None:
+        return None
+    return GrpcSettings(
+        port=config.server.grpc_port,
+        max_message_bytes=min(config.max_body_bytes, config.grpc.max_receive_bytes),
+        max_send_bytes=config.grpc.max_send_bytes,
+        max_threads=config.server.max_threads,
+        keys=keys,
+        enable_model_repository=config.enable_model_repository,
+    )
+
+
+def install_api(app: FastAPI, model: ServedModel, config: ApiConfig, keys: ApiKeys) -> None:
     """Add the middleware, error handlers and routes to KServe's app (before the server starts).
 
     Middleware, outermost first: request ids and metrics, the shutdown window (503 once SIGTERM came), API keys,
     closed routes, request bodies.
     """
     assert model.service is not None, "load the model first"
-    app.add_middleware(RequestBodyMiddleware, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
+    app.add_middleware(RequestBodyMiddleware, max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout)
     app.add_middleware(
         RouteGuardMiddleware,
-        served_names=(model.name, *model_aliases(args)),
-        enable_model_repository=args.enable_model_repository,
-        enable_docs=args.enable_docs_url,
+        served_names=(model.name, *model.options.policy.aliases),
+        enable_model_repository=config.enable_model_repository,
+        enable_docs=config.server.enable_docs_url,
     )
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.add_middleware(
-        GracefulShutdown, lifecycle=model.lifecycle, delay_s=args.shutdown_delay, drain_s=args.drain_timeout
+        GracefulShutdown, lifecycle=model.lifecycle, delay_s=config.shutdown_delay, drain_s=config.limits.drain_s
     )
-    app.add_middleware(RequestObserverMiddleware, json_logs=args.json_logs)
+    app.add_middleware(RequestObserverMiddleware, json_logs=config.json_logs)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(ServiceError, service_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    add_routes(app, model.service, args.max_batch_items)
+    add_routes(app, model.service, model.options.max_batch_items)
     install_health_routes(app, model.lifecycle)
 
 
-def register_aliases(server: kserve.ModelServer, model: kserve.Model, args: argparse.Namespace) -> None:
-    """Serve the model under each alias (:func:`model_aliases`) on KServe's routes too."""
-    for alias in model_aliases(args):
+def build_server(config: ApiConfig, keys: ApiKeys) -> ClefModelServer:
+    """KServe's model server (one worker) with the predictor's limits and, when asked for, its gRPC server."""
+    server = config.server
+    return ClefModelServer(
+        config.limits,
+        grpc_settings(config, keys),
+        http_port=server.http_port,
+        grpc_port=server.grpc_port,
+        workers=1,
+        max_threads=server.max_threads,
+        max_asyncio_workers=server.max_asyncio_workers,
+        enable_docs_url=server.enable_docs_url,
+        enable_latency_logging=server.enable_latency_logging,
+        access_log_format=server.access_log_format,
+        event_loop=server.event_loop,
+        timeout_keep_alive=server.timeout_keep_alive,
+        grace_period=int(config.limits.drain_s),
+        ssl_certfile=server.ssl_certfile,
+        ssl_keyfile=server.ssl_keyfile,
+    )
+
+
+def register_aliases(server: kserve.ModelServer, model: kserve.Model, aliases: tuple[str, ...]) -> None:
+    """Serve the model under each alias (its request policy's) on KServe's routes too."""
+    for alias in aliases:
         server.register_model(model, name=alias)

@@ -5,29 +5,39 @@
 and in the modules listed beside each name, before anything misbehaves at run time.
 
 - argparse: a parser's actions and option table (``_actions``, ``_option_string_actions``) and
-  ``_add_action``, to offer KServe's model-server flags with dashes too (:func:`predictor.cli.add_kserve_args`);
-- KServe: the model-server parser's actions, ``ModelServer._rest_server`` (the uvicorn server it builds,
-  configured by :class:`predictor.http.server_limits.ClefModelServer`), ``GRPCServer``'s ``_port``,
-  ``_data_plane``, ``_model_repository_extension`` and ``_server``
-  (:class:`~predictor.http.server_limits.ClefGRPCServer`), and ``BaseKServeModel.__init__`` (a base of
-  ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of :class:`predictor.model.ClefModel`);
+  ``_add_action``, to offer KServe's model-server flags with dashes too (:func:`predictor.cli.add_kserve_args`;
+  KServe's parser as a ``parents=`` parser would give the underscore spellings only, which vLLM's parser rewrites
+  to dashes before matching);
+- KServe: the model-server parser's actions; ``ModelServer._rest_server`` (the uvicorn server it builds,
+  configured by :class:`predictor.http.server_limits.ClefModelServer`) and ``ModelServer._grpc_server`` (the gRPC
+  server its ``stop`` stops); ``GRPCServer``'s ``_port``, ``_data_plane``, ``_model_repository_extension`` and
+  ``_server`` (read and set for :class:`~predictor.http.server_limits.ClefGRPCServer`);
+  ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server_limits.ServingSwitch`); and
+  ``BaseKServeModel.__init__`` (a base of ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of
+  :class:`predictor.model.ClefModel`);
 - uvicorn: ``H11Protocol``'s ``app``, ``conn``, ``cycle``, ``connections``, ``tasks``, ``transport`` and ``loop``
-  (:class:`~predictor.http.server_limits.HeaderDeadlineProtocol`).
+  (:class:`~predictor.http.server_limits.HeaderDeadlineProtocol`, a subclass).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import kserve
+    from kserve.model_repository import ModelRepository
+    from kserve.protocol.dataplane import DataPlane
+    from kserve.protocol.grpc.server import GRPCServer
+    from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
 CHECKED_VERSIONS = {"kserve": "0.21.0", "uvicorn": "0.54.0", "h11": "0.16.0"}
 """The versions whose internals the names below were read from (a different one must be re-checked)."""
 H11_PROTOCOL_ATTRIBUTES = ("app", "conn", "cycle", "connections", "tasks", "transport", "loop")
 GRPC_SERVER_ATTRIBUTES = ("_port", "_data_plane", "_model_repository_extension", "_server")
+MODEL_SERVER_ATTRIBUTES = ("_rest_server", "_grpc_server")
 MODEL_ATTRIBUTES_KSERVE_ASSIGNS = ("ready", "engine")
 
 
@@ -51,3 +61,34 @@ def add_action(group: argparse._ArgumentGroup, action: argparse.Action) -> None:
 def rest_server(server: kserve.ModelServer) -> Any:
     """The uvicorn server KServe's ``ModelServer`` built in ``setup_event_loop`` (None before it, or with workers)."""
     return server._rest_server
+
+
+def use_grpc_server(server: kserve.ModelServer, grpc_server: GRPCServer) -> None:
+    """Make ``grpc_server`` the gRPC server that KServe's ``ModelServer.stop`` stops."""
+    server._grpc_server = grpc_server
+
+
+@dataclass(frozen=True)
+class GrpcServerParts:
+    """What KServe's ``GRPCServer`` was built with: the port to listen on, the data plane and the repository
+    extension its servicer serves."""
+
+    port: int
+    data_plane: DataPlane
+    repository: ModelRepositoryExtension
+
+
+def grpc_server_parts(server: GRPCServer) -> GrpcServerParts:
+    """The port, data plane and repository extension ``server`` was built with."""
+    return GrpcServerParts(server._port, server._data_plane, server._model_repository_extension)
+
+
+def attach_aio_server(server: GRPCServer, aio_server: Any) -> None:
+    """Give KServe's ``GRPCServer`` the running ``aio_server`` (a ``grpc.aio.Server``) that its ``stop`` stops, with
+    its grace period."""
+    server._server = aio_server
+
+
+def model_registry(extension: ModelRepositoryExtension) -> ModelRepository:
+    """The model registry KServe's repository extension was built over."""
+    return extension._model_registry

@@ -49,7 +49,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.core.errors import ServiceError, Unavailable
 from predictor.http.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
-from predictor.http.compat import rest_server
+from predictor.http.compat import (
+    attach_aio_server,
+    grpc_server_parts,
+    model_registry,
+    rest_server,
+    use_grpc_server,
+)
 from predictor.http.errors import ApiError, bad_request, from_service_error
 from predictor.http.grpc_access import AccessInterceptor, grpc_status
 from predictor.serving.lifecycle import Lifecycle, Phase
@@ -230,7 +236,7 @@ class ClefGRPCServer(GRPCServer):
     async def start(self, max_workers: int) -> None:
         """Build, bind and run the server until it is stopped."""
         access = AccessInterceptor(self.settings.keys, self.settings.enable_model_repository)
-        self._server = aio.server(
+        server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             interceptors=(LoggingInterceptor(), access, ErrorStatusInterceptor()),
             options=[
@@ -240,14 +246,16 @@ class ClefGRPCServer(GRPCServer):
             ],
             maximum_concurrent_rpcs=self.limits.max_connections,
         )
-        servicer = InferenceServicer(self._data_plane, self._model_repository_extension)
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
-        address = listen_address(self.limits.host, self._port)
-        if self._server.add_insecure_port(address) == 0:
+        attach_aio_server(self, server)
+        parts = grpc_server_parts(self)
+        servicer = InferenceServicer(parts.data_plane, parts.repository)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        address = listen_address(self.limits.host, parts.port)
+        if server.add_insecure_port(address) == 0:
             raise OSError(f"gRPC cannot listen on {address}")
         kserve_logger.info("gRPC server on %s (API keys: %s)", address, "required" if access.keys else "none")
-        await self._server.start()
-        await self._server.wait_for_termination()
+        await server.start()
+        await server.wait_for_termination()
 
 
 #: Files the process holds besides client connections (model files, logs, pipes, the engine's sockets).
@@ -272,7 +280,7 @@ class ServingSwitch(ModelRepositoryExtension):
     warm); ``load`` puts it back. Shutdown still unloads through the registry, which closes the engine."""
 
     def _lifecycle(self, model_name: str) -> Lifecycle:
-        model = self._model_registry.get_model(model_name)
+        model = model_registry(self).get_model(model_name)
         if model is None:
             raise ModelNotFound(model_name)
         lifecycle = getattr(model, "lifecycle", None)
@@ -317,5 +325,6 @@ class ClefModelServer(kserve.ModelServer):
         raise_open_file_limit(self.limits.max_connections + PROBE_RESERVE + OPEN_FILES_BESIDES_CONNECTIONS)
         config.timeout_graceful_shutdown = int(self.limits.drain_s + UVICORN_GRACE_AFTER_DRAIN_S)
         if self.grpc is not None:
-            self._grpc_server = ClefGRPCServer(self.limits, self.grpc, self.dataplane, self.model_repository_extension)
-            self.servers.append(self._grpc_server.start(self.grpc.max_threads))
+            grpc_server = ClefGRPCServer(self.limits, self.grpc, self.dataplane, self.model_repository_extension)
+            use_grpc_server(self, grpc_server)
+            self.servers.append(grpc_server.start(self.grpc.max_threads))

@@ -32,9 +32,10 @@ ALLOWED = {
 # The serving path reaches release tooling through one function only: the demo release's builder.
 TOOLING_GATEWAY = (REPO / "predictor" / "demo.py", "clef_tools.tiny", {"build_tiny_release"})
 # The predictor's layers, lowest first: each sub-package may import its own layer and those below it only.
-# The entry points (the modules directly in predictor/: CLIs, the demo, the KServe model) sit on top.
+# The entry points (the modules directly in predictor/: CLIs, their configuration, the demo, the KServe model) sit
+# on top.
 LAYERS = ("core", "engines", "serving", "http")
-ENTRY_POINTS = {"__init__", "__main__", "cli", "systemone_cli", "demo", "model"}
+ENTRY_POINTS = {"__init__", "__main__", "cli", "config", "systemone_cli", "demo", "model"}
 # Tooling's libraries that the serving package must not import (they live in the bench extra).
 TOOLING_ONLY = {"aiohttp"}
 

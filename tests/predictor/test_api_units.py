@@ -12,7 +12,8 @@ import pytest
 
 from predictor.core.errors import format_param, parse_param, quoted
 from predictor.http import auth
-from predictor.http.api_args import add_api_args, check_api_args, http_limits, request_policy
+from predictor.http.api_args import api_config, check_api_args, request_policy
+from predictor.http.api_config import ApiConfig
 from predictor.http.auth import ApiKeys, bearer_token, parse_keys
 from predictor.http.errors import ApiError, invalid_field
 from predictor.http.kserve_inputs import check_v2_binary_body, cloudevent_error
@@ -170,11 +171,9 @@ def test_policy_names() -> None:
 
 
 def test_api_flags(tmp_path: Path) -> None:
-    import argparse
+    from predictor.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    add_api_args(parser)
-    parser.set_defaults(model_name="clef-flash")  # the predictor's parser has --model-name
+    parser = build_parser(["--engine", "transformers"])
     args = parser.parse_args([])
     assert (args.host, args.api_key_file, args.enable_model_repository, args.model_alias) == (
         "127.0.0.1",
@@ -183,7 +182,8 @@ def test_api_flags(tmp_path: Path) -> None:
         [],
     )
     assert request_policy(args) == RequestPolicy(aliases=("jev-latest",))  # the TypeSafe SDK's default, built in
-    assert http_limits(args).max_header_bytes == 65536
+    assert api_config(args) == ApiConfig()  # the flags' defaults are the configuration's
+    assert api_config(args).limits.max_header_bytes == 65536
     args.model_name = "jev-latest"
     assert request_policy(args) == RequestPolicy()  # the served name is no alias of itself
     args = parser.parse_args(
@@ -203,6 +203,6 @@ def test_api_flags(tmp_path: Path) -> None:
     )
     expected = RequestPolicy(aliases=("a", "b", "jev-latest"), accept_any_name=True, state_overflow="refuse")
     assert request_policy(args) == expected
-    assert http_limits(args).host == "0.0.0.0"
+    assert api_config(args).limits.host == "0.0.0.0"
     with pytest.raises(SystemExit):
         check_api_args(parser, args)

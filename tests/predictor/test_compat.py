@@ -4,15 +4,20 @@ in the versions they were checked against. A failure here after an upgrade names
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import importlib.metadata
 import inspect
+from typing import Any
 
 import kserve
 import pytest
 from kserve.model import BaseKServeModel
+from kserve.model_repository import ModelRepository
 from kserve.model_server import ModelServer
+from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc.server import GRPCServer
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.http import compat
@@ -37,7 +42,7 @@ def test_kserve_model_is_still_a_base_kserve_model() -> None:
         (H11Protocol, compat.H11_PROTOCOL_ATTRIBUTES),
         (GRPCServer.__init__, compat.GRPC_SERVER_ATTRIBUTES),
         (BaseKServeModel.__init__, compat.MODEL_ATTRIBUTES_KSERVE_ASSIGNS),
-        (ModelServer, ("_rest_server",)),
+        (ModelServer, compat.MODEL_SERVER_ATTRIBUTES),
     ],
 )
 def test_the_internal_attributes_are_still_assigned(owner: object, attributes: tuple[str, ...]) -> None:
@@ -60,3 +65,42 @@ def test_kserve_flags_can_be_copied_with_dashes() -> None:
     compat.add_action(group, dashed)
     assert parser.parse_args(["--http-port", "9001"]).http_port == 9001
     assert parser.parse_args(["--http_port", "9002"]).http_port == 9002
+
+
+class _Stoppable:
+    """Records the stop calls KServe makes (a gRPC server's ``stop(sig)``, an aio server's ``stop(grace)``)."""
+
+    def __init__(self) -> None:
+        self.stops: list[Any] = []
+
+    async def stop(self, *args: Any, **kwargs: Any) -> None:
+        self.stops.append((args, kwargs))
+
+
+def test_kserve_stops_the_grpc_server_given_to_it() -> None:
+    """ModelServer.stop stops the gRPC server set by use_grpc_server; GRPCServer.stop stops the aio server set by
+    attach_aio_server, with its grace period; the parts a GRPCServer was built with read back."""
+    repository = ModelRepository()
+    extension = ModelRepositoryExtension(model_registry=repository)
+    assert compat.model_registry(extension) is repository
+    data_plane = DataPlane(model_registry=repository)
+    grpc_server = GRPCServer(9123, data_plane, extension, kwargs={}, grace_period=7)
+    assert compat.grpc_server_parts(grpc_server) == compat.GrpcServerParts(9123, data_plane, extension)
+
+    async def scenario() -> tuple[_Stoppable, _Stoppable]:
+        aio_server = _Stoppable()
+        compat.attach_aio_server(grpc_server, aio_server)  # type: ignore[arg-type]
+        await grpc_server.stop()
+        fake_grpc = _Stoppable()
+        server = ModelServer(enable_grpc=False, registered_models=repository)
+        compat.use_grpc_server(server, fake_grpc)  # type: ignore[arg-type]
+        server.stop(15)
+        for _ in range(50):
+            if fake_grpc.stops:
+                break
+            await asyncio.sleep(0.01)
+        return aio_server, fake_grpc
+
+    aio_server, fake_grpc = asyncio.run(scenario())
+    assert aio_server.stops == [((), {"grace": 7})]
+    assert fake_grpc.stops == [((15,), {})]

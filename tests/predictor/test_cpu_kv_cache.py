@@ -102,13 +102,15 @@ def test_explicit_cache_settings_win(
     argv: list[str], env: dict[str, str], sized: bool, tiny_release: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from predictor.cli import build_parser
+    from predictor.config import engine_config
     from predictor.engines import with_cpu_kv_cache
     from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    given = vllm_engine_args(build_parser().parse_args(["--max-model-len", "512", *argv]), tiny_release, on_gpu=False)
+    args = build_parser().parse_args(["--engine", "vllm", "--max-model-len", "512", *argv])
+    given = vllm_engine_args(engine_config(args, tiny_release), on_gpu=False)
     chosen = with_cpu_kv_cache(given, tiny_release)
     if sized:
         assert given.kv_cache_memory_bytes is None
@@ -123,11 +125,12 @@ def test_a_large_gpu_memory_utilization_is_refused_before_vllm_starts(
     tiny_release: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from predictor.cli import build_parser
+    from predictor.config import engine_config
     from predictor.engines import with_cpu_kv_cache
     from predictor.engines.engine_args import vllm_engine_args
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    args = build_parser().parse_args(["--gpu-memory-utilization", "0.99"])
-    given = vllm_engine_args(args, tiny_release, on_gpu=False)
+    args = build_parser().parse_args(["--engine", "vllm", "--gpu-memory-utilization", "0.99"])
+    given = vllm_engine_args(engine_config(args, tiny_release), on_gpu=False)
     with pytest.raises(InsufficientMemory, match="lower --gpu-memory-utilization"):
         with_cpu_kv_cache(given, tiny_release)

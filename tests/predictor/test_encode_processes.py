@@ -72,8 +72,8 @@ def test_flag_values() -> None:
     for bad in ("-1", "two", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             encode_processes(bad)
-    assert resolve_encode_processes(argparse.Namespace(encode_processes=3), gpu_count=0) == 3
-    assert resolve_encode_processes(argparse.Namespace(encode_processes="auto"), gpu_count=0) == 0
+    assert resolve_encode_processes(3, gpu_count=0) == 3
+    assert resolve_encode_processes("auto", gpu_count=0) == 0
 
 
 @pytest.mark.parametrize(

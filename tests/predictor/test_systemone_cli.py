@@ -74,6 +74,14 @@ def test_host_and_tp_are_refused_when_the_predictor_lacks_them(card_args: tuple[
         _translate(*card_args, parser=_fake_predictor_parser("--engine"))
 
 
+def test_tp_is_refused_when_the_card_chooses_the_transformers_engine() -> None:
+    """The card's command reads its flags with the parser of the engine that will serve (no vLLM flags here)."""
+    transformers = cli.build_parser(["--engine", "transformers"])
+    with pytest.raises(ValueError, match="--tp 2: this predictor has no --tensor-parallel-size flag"):
+        _translate("--tp", "2", "--engine", "transformers", parser=transformers)
+    assert _pairs(_translate("--engine", "transformers", parser=transformers))["--engine"] == "transformers"
+
+
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["clef-systemone"] == "predictor.systemone_cli:main"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from predictor.config import engine_config
 from predictor.core.errors import format_param
 from predictor.engines import choose_engine
 from predictor.engines.batching import MicroBatcher
@@ -163,10 +165,11 @@ def test_vllm_owns_its_engine_arguments() -> None:
 
     parser = build_parser()
     args = parser.parse_args(
-        ["--tensor-parallel-size", "2", "--max-num-seqs", "64", "--max-model-len", "2048", "--http_port", "9000"]
+        ["--engine", "vllm", "--tensor-parallel-size", "2", "--max-num-seqs", "64", "--max-model-len", "2048"]
+        + ["--http_port", "9000"]
     )
     assert args.http_port == 9000
-    engine_args = vllm_engine_args(args, Path("/models/clef"), on_gpu=True)
+    engine_args = vllm_engine_args(engine_config(args, Path("/models/clef")), on_gpu=True)
     assert engine_args.tensor_parallel_size == 2 and engine_args.max_num_seqs == 64
     assert engine_args.max_model_len == 2048
     assert engine_args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 16384
@@ -177,8 +180,42 @@ def test_vllm_owns_its_engine_arguments() -> None:
     assert engine_args.language_model_only is True and engine_args.dtype == "bfloat16"
     assert engine_args.enforce_eager is False
     assert engine_args.skip_tokenizer_init is True  # the predictor sends token ids only
-    assert vllm_engine_args(parser.parse_args(["--dp", "3"]), Path("/m"), on_gpu=False).data_parallel_size == 3
-    assert vllm_engine_args(parser.parse_args([]), Path("/m"), on_gpu=False).enforce_eager is True
+    on_cpu = vllm_engine_args(
+        engine_config(parser.parse_args(["--engine", "vllm", "--dp", "3"]), Path("/m")), on_gpu=False
+    )
+    assert on_cpu.data_parallel_size == 3 and on_cpu.enforce_eager is True
+
+
+def test_an_engine_configuration_built_without_the_command_line_is_the_same() -> None:
+    """Tools and tests build EngineConfig directly: vLLM's arguments come out as the command line's would, but for
+    the few flags whose parser default is not vLLM's dataclass default (the command line passes those on)."""
+    from predictor.cli import build_parser
+    from predictor.engines import EngineConfig
+    from predictor.engines.engine_args import changed_engine_args, vllm_engine_args
+
+    parser_defaults = {"enable_lora": None, "mm_device_do_normalize": None, "reasoning_parser_plugin": ""}
+    argv = ["--engine", "vllm", "--tensor-parallel-size", "2", "--dp", "2", "--max-model-len", "2048"]
+    from_cli = engine_config(build_parser().parse_args(["--engine", "vllm", *argv]), Path("/models/clef"))
+    given = {"tensor_parallel_size": 2, "max_num_batched_tokens": 16384}
+    assert dict(from_cli.vllm_flags) == {**given, **parser_defaults}
+    direct = EngineConfig(
+        Path("/models/clef"),
+        kind="vllm",
+        data_parallel_size=2,
+        max_model_len=2048,
+        vllm_flags={"tensor_parallel_size": 2},
+    )
+    assert vllm_engine_args(direct, on_gpu=True) == vllm_engine_args(
+        dataclasses.replace(direct, vllm_flags={**direct.vllm_flags, "max_num_batched_tokens": 16384}), on_gpu=True
+    )  # vLLM's step size is the predictor's default either way
+    cli_args = changed_engine_args(vllm_engine_args(from_cli, on_gpu=True))
+    direct_args = changed_engine_args(vllm_engine_args(direct, on_gpu=True))
+    assert {name: cli_args.pop(name) for name in parser_defaults} == parser_defaults
+    assert cli_args == direct_args
+    with pytest.raises(TypeError):
+        direct.vllm_flags["enforce_eager"] = True  # type: ignore[index]
+    with pytest.raises(ValueError, match="fields of EngineConfig itself"):
+        EngineConfig(Path("/m"), vllm_flags={"max_model_len": 512})
 
 
 @pytest.mark.parametrize(
@@ -197,7 +234,9 @@ def test_engine_arguments_that_contradict_the_plugin_are_refused(argv: list[str]
     from predictor.engines.engine_args import vllm_engine_args
 
     with pytest.raises(PluginSettingConflict) as caught:
-        vllm_engine_args(build_parser().parse_args(argv), Path("/models/clef"), on_gpu=True)
+        vllm_engine_args(
+            engine_config(build_parser().parse_args(["--engine", "vllm", *argv]), Path("/models/clef")), on_gpu=True
+        )
     message = str(caught.value)
     assert message.startswith(flag) and "contradicts the clef plugin" in message and "\n" not in message
 
@@ -210,10 +249,12 @@ def test_a_quantized_lm_head_is_refused(tmp_path: Path) -> None:
     quantized = {"quant_method": "compressed-tensors", "ignore": ["re:.*visual.*"]}
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantized}))
     with pytest.raises(PluginSettingConflict, match="quantizes lm_head"):
-        vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True)
+        vllm_engine_args(engine_config(build_parser().parse_args(["--engine", "vllm"]), tmp_path), on_gpu=True)
     quantized["ignore"].append("re:.*lm_head")
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantized}))
-    assert vllm_engine_args(build_parser().parse_args([]), tmp_path, on_gpu=True).model == str(tmp_path)
+    assert vllm_engine_args(
+        engine_config(build_parser().parse_args(["--engine", "vllm"]), tmp_path), on_gpu=True
+    ).model == str(tmp_path)
 
 
 def test_engine_arguments_are_built_offline_without_the_hub(
@@ -228,7 +269,9 @@ def test_engine_arguments_are_built_offline_without_the_hub(
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tiny_release.parent / "empty-hub-cache"))
-    engine_args = vllm_engine_args(build_parser().parse_args([]), tiny_release, on_gpu=False)
+    engine_args = vllm_engine_args(
+        engine_config(build_parser().parse_args(["--engine", "vllm"]), tiny_release), on_gpu=False
+    )
     assert engine_args.model == engine_args.tokenizer == str(tiny_release)
 
 
@@ -318,13 +361,21 @@ def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: 
         parser.parse_args(["--tensor-parallel-size", "2"])
 
 
-def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(capsys: pytest.CaptureFixture[str]) -> None:
+def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
     from predictor.cli import build_parser, vllm_may_serve
 
     assert not vllm_may_serve(["--engine", "transformers", "--http_port", "9000"])
     assert not vllm_may_serve(["--engine=transformers"])
-    assert vllm_may_serve([]) and vllm_may_serve(["--engine", "vllm"]) and vllm_may_serve(["--engine", "auto"])
-    assert vllm_may_serve(["--engine", "transformers", "--help=predictor"])
+    assert vllm_may_serve(["--engine", "vllm"]) and vllm_may_serve(["--engine", "transformers", "--help=predictor"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not vllm_may_serve([]) and not vllm_may_serve(["--engine", "auto"])  # auto is transformers on a CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert vllm_may_serve([]) and vllm_may_serve(["--engine", "auto"])  # and vLLM with a GPU (vLLM is installed)
     parser = build_parser(["--engine", "transformers"])
     args = parser.parse_args(["--engine", "transformers", "--dp", "2", "--max-model-len", "512"])
     assert (args.engine, args.data_parallel_size, args.max_model_len) == ("transformers", 2, 512)
