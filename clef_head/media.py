@@ -14,7 +14,7 @@ read — and files that do not decode (truncated, corrupt, or another format beh
 
 from __future__ import annotations
 
-import warnings
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from io import BytesIO
@@ -104,50 +104,43 @@ def check_image_bytes(size: int, where: Location, limits: MediaLimits) -> None:
 
 def decode_image(data: bytes, where: Location, limits: MediaLimits = DEFAULT_MEDIA_LIMITS) -> Image:
     """The decoded image of a PNG or JPEG file; :class:`InvalidRequest` at ``where`` when it is refused."""
-    from PIL import Image as PILImage
-    from PIL import UnidentifiedImageError
+    from PIL import JpegImagePlugin, PngImagePlugin
 
     check_image_bytes(len(data), where, limits)
     name = image_format(data)
     if name is None:
         raise InvalidRequest(where, "not a PNG or JPEG image (no PNG or JPEG file signature)", "image_format")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", PILImage.DecompressionBombWarning)
-        try:
-            image = PILImage.open(BytesIO(data), formats=[name])  # reads the header only
-        except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning):
-            raise _too_many_pixels(where, None, limits) from None
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise InvalidRequest(where, f"the {name} file cannot be read: {exc}", "image_unreadable") from None
-        width, height = image.size
-        if width * height > limits.max_image_pixels or max(width, height) > limits.max_image_side:
-            raise _too_many_pixels(where, (width, height), limits)
-        if width < 1 or height < 1:
-            raise InvalidRequest(where, f"the image is {width}×{height} pixels: it has no pixels", "image_unreadable")
-        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-            raise InvalidRequest(
-                where,
-                f"the image is {width}×{height} pixels; its longer side may be at most {MAX_ASPECT_RATIO} times its "
-                "shorter side",
-                "image_aspect_ratio",
-            )
-        try:
-            image.load()
-        except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning):
-            raise _too_many_pixels(where, (width, height), limits) from None
-        except (OSError, ValueError, SyntaxError, EOFError) as exc:
-            raise InvalidRequest(
-                where, f"the {name} file does not decode (truncated or corrupt): {exc}", "image_unreadable"
-            ) from None
+    reader = PngImagePlugin.PngImageFile if name == "PNG" else JpegImagePlugin.JpegImageFile
+    try:
+        image = reader(BytesIO(data))  # the format's own reader: the header only, no size check of Pillow's
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
+        raise InvalidRequest(where, f"the {name} file cannot be read: {exc}", "image_unreadable") from None
+    width, height = image.size
+    if width * height > limits.max_image_pixels or max(width, height) > limits.max_image_side:
+        raise _too_many_pixels(where, (width, height), limits)
+    if width < 1 or height < 1:
+        raise InvalidRequest(where, f"the image is {width}×{height} pixels: it has no pixels", "image_unreadable")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise InvalidRequest(
+            where,
+            f"the image is {width}×{height} pixels; its longer side may be at most {MAX_ASPECT_RATIO} times its "
+            "shorter side",
+            "image_aspect_ratio",
+        )
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
+        raise InvalidRequest(
+            where, f"the {name} file does not decode (truncated or corrupt): {exc}", "image_unreadable"
+        ) from None
     return image
 
 
-def _too_many_pixels(where: Location, size: tuple[int, int] | None, limits: MediaLimits) -> InvalidRequest:
-    what = f"{size[0]}×{size[1]} pixels" if size else "too many pixels"
+def _too_many_pixels(where: Location, size: tuple[int, int], limits: MediaLimits) -> InvalidRequest:
     return InvalidRequest(
         where,
-        f"the image is {what}; at most {limits.max_image_pixels} pixels and {limits.max_image_side} per side "
-        "are allowed",
+        f"the image is {size[0]}×{size[1]} pixels; at most {limits.max_image_pixels} pixels and "
+        f"{limits.max_image_side} per side are allowed",
         "image_too_large",
     )
 

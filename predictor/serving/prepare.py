@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import orjson
 
 from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
+from clef_head.media import DEFAULT_MEDIA_LIMITS, MediaLimits
 from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor.core.errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unreadable, parse_param, quoted
 from predictor.serving.request_policy import RequestPolicy
@@ -30,17 +31,40 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PrepareSettings:
     """What validation and encoding depend on besides the tokenizer: the served name, the request limits,
-    the name and state-overflow policy and the engine's longest prompt."""
+    the name and state-overflow policy, the engine's longest prompt, and whether images are read (``vision``:
+    where the release's image processor is and the image limits; ``None``: text only, images refused)."""
 
     served_name: str
     limits: RequestLimits
     policy: RequestPolicy
     max_length: int
+    vision: VisionSettings | None = None
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """Images are read: the release whose image processor encodes them, and their limits."""
+
+    release_dir: str
+    limits: MediaLimits = DEFAULT_MEDIA_LIMITS
+
+
+TEXT_ONLY_MEDIA = "images are not supported by this server: it serves text and JSON only (started without --vision)"
+
+
+def refuse_media(body: Any, where: tuple[int | str, ...]) -> None:
+    """On a text-only server, refuse a body that sends images (before any other check, as the model card says)."""
+    if isinstance(body, dict):
+        for field in ("assets", "images"):
+            if body.get(field):
+                raise BadInput(TEXT_ONLY_MEDIA, (*where, field))
 
 
 def validate(settings: PrepareSettings, body: Any, prefix: str = "") -> SystemOneRequest:
     """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
     where = parse_param(prefix)
+    if settings.vision is None:
+        refuse_media(body, where)
     try:
         request = parse_request(body, settings.limits)
     except InvalidRequest as exc:
@@ -86,7 +110,7 @@ def prepare_all(
     tokenizer: Any, settings: PrepareSettings, bodies: Sequence[Any], prefixes: Sequence[str]
 ) -> list[Prepared]:
     """Every body prepared; the first failure raises (KServe V1/V2: one error answers the request)."""
-    return [prepare(tokenizer, settings, body, prefix) for body, prefix in zip(bodies, prefixes)]
+    return [prepare(tokenizer, settings, body, prefix) for body, prefix in zip(bodies, prefixes, strict=True)]
 
 
 def prepare_each(
@@ -94,7 +118,7 @@ def prepare_each(
 ) -> list[Prepared | ServiceError]:
     """One prepared body or one domain error per body (the batch route answers each item)."""
     results: list[Prepared | ServiceError] = []
-    for body, prefix in zip(bodies, prefixes):
+    for body, prefix in zip(bodies, prefixes, strict=True):
         try:
             results.append(prepare(tokenizer, settings, body, prefix))
         except ServiceError as error:

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +20,7 @@ from clef_head.encoder import encode_request
 from clef_head.media import MAX_ASPECT_RATIO, decode_image, encode_images
 from clef_head.request import parse_request
 from clef_tools.sample_requests import make_requests
+from reliability.image_files import image_file
 from tests.head.test_parity import _assert_same_encoding
 
 RECORDS = make_requests(seed=11, count=12)
@@ -31,17 +31,6 @@ def processor(tiny_release: Path) -> Any:
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(tiny_release)
-
-
-def image_file(width: int, height: int, mode: str = "RGB", file_format: str = "PNG", seed: int = 0) -> bytes:
-    """A random image of this size and mode, saved as ``file_format``."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 4), dtype=np.uint8)
-    image = Image.fromarray(pixels, "RGBA").convert(mode)
-    if file_format == "JPEG" and mode not in ("RGB", "L"):
-        image = image.convert("RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format=file_format)
-    return buffer.getvalue()
 
 
 def _assert_same_media(
