@@ -40,7 +40,7 @@ from predictor.model import ClefModel
 from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, exit_after_shutdown
 from predictor.serving.options import ServingOptions
-from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer
+from predictor.serving.prepare import TOKENIZER_FILE, ReleaseTokenizer, VisionSettings
 from predictor.serving.service import ModelCard
 from predictor.serving.warmup import WarmupDoesNotFit, warmup_schema
 
@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         max_batch_items=args.max_batch_items,
         max_queue_wait_s=args.max_queue_wait_s,
         policy=request_policy(args),
+        vision=VisionSettings(str(model_dir)) if args.vision else None,
     )
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:

@@ -91,6 +91,7 @@ def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
             max_batch=args.max_batch,
             max_wait_s=args.batch_wait_ms / 1000,
             label=f"transformers-{index}",
+            vision=args.vision,
         )
         for index, device in enumerate(devices)
     ]
@@ -134,6 +135,8 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
     """
     kind, reason = choose_engine(args.engine)
     log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
+    if kind == "vllm" and args.vision:
+        raise ValueError("--vision needs --engine transformers: the vLLM engine reads text and JSON only")
     if kind == "vllm":
         from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from clef_head.encoder import encode_request
-from clef_head.media import MAX_ASPECT_RATIO, decode_image, encode_images
+from clef_head.media import MAX_ASPECT_RATIO, decode_image, encode_images, files_digest
 from clef_head.request import parse_request
 from clef_tools.sample_requests import make_requests
 from reliability.image_files import image_file
@@ -42,7 +42,7 @@ def _assert_same_media(
     max_length: int = 16384,
 ) -> None:
     images = [decode_image(data, ("images", index)) for index, data in enumerate(files)]
-    media = encode_images(tokenizer, processor.image_processor, images)
+    media = encode_images(tokenizer, processor.image_processor, images, files_digest(files))
     ours = encode_request(tokenizer, parse_request(body), max_length=max_length, media=media)
     originals = [Image.open(io.BytesIO(data)) for data in files]
     theirs = reference.encode_record(
