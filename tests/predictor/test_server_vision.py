@@ -153,3 +153,11 @@ def test_multipart_parts_must_all_be_claimed(server: Predictor) -> None:
     )
     assert response.status_code == 422 and response.json()["error"]["param"] == "assets"
     assert "'asset-1' of the body is claimed by no asset" in response.json()["error"]["message"]
+
+
+def test_hostile_image_family_is_refused_and_the_server_unharmed(server: Predictor) -> None:
+    from reliability.hostile_images import run
+
+    result = run(server.url, MODEL_NAME, bound_s=0.5)
+    assert result["valid_request_unharmed"]
+    assert {name: case["status"] for name, case in result["cases"].items() if not case["ok"]} == {}
