@@ -18,7 +18,7 @@ from pathlib import Path
 from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import ENGINE_CHOICES, build_engine
+from predictor.engines import ENGINE_CHOICES, UnsupportedVision, build_engine
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
 from predictor.http.api_args import (
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     model = ClefModel(model_card(args, model_dir, random), lambda: build_engine(args, model_dir), options=options)
     try:
         model.load()
-    except (PluginSettingConflict, WarmupDoesNotFit) as exc:
+    except (PluginSettingConflict, WarmupDoesNotFit, UnsupportedVision) as exc:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")

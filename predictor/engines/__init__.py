@@ -66,6 +66,13 @@ def choose_engine(requested: str, vllm_available: bool | None = None, gpu_count:
     return "transformers", "no GPU is visible (use --engine vllm for vLLM's CPU build)"
 
 
+VISION_NEEDS_TRANSFORMERS = "--vision needs --engine transformers: the vLLM engine reads text and JSON only"
+
+
+class UnsupportedVision(ValueError):
+    """``--vision`` asked of an engine that does not read images."""
+
+
 def build_transformers(args: argparse.Namespace, model_dir: Path) -> Engine:
     """``--dp`` transformers engines (one per GPU, or all on the CPU) from the parsed command line."""
     from predictor.engines.pool import EnginePool
@@ -136,7 +143,7 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> Engine:
     kind, reason = choose_engine(args.engine)
     log.info("engine: %s (%s), data parallel %d", kind, reason, args.data_parallel_size)
     if kind == "vllm" and args.vision:
-        raise ValueError("--vision needs --engine transformers: the vLLM engine reads text and JSON only")
+        raise UnsupportedVision(VISION_NEEDS_TRANSFORMERS)
     if kind == "vllm":
         from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine
