@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,3 +99,30 @@ def test_thousands_of_parts_are_refused_before_they_are_split() -> None:
     with pytest.raises(BadInput) as caught:
         read_multipart(raw, content_type, max_parts=16)
     assert caught.value.loc == ("assets",) and "at most 16 images" in caught.value.message
+
+
+def test_an_encode_worker_process_prepares_images(tiny_release: Path) -> None:
+    """A multipart body prepared in a worker process: the prompt and tensors come back equal to the engine's."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from predictor.serving.encode_pool import EncodePool
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_release)
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release)))
+    raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
+    pool = EncodePool(tiny_release, 1, tokenizer)
+
+    async def scenario() -> Any:
+        await pool.start(settings)
+        return await pool.run(prepare.prepare_json, settings, raw, content_type)
+
+    try:
+        request, encoded = asyncio.run(scenario())
+    finally:
+        pool.close()
+    expected = prepare.prepare_json(tokenizer, settings, raw, content_type)[1]
+    assert request.state == {"photo": "[image 1]"} and encoded.input_ids == expected.input_ids
+    assert encoded.media is not None and expected.media is not None
+    assert torch.equal(encoded.media.pixel_values, expected.media.pixel_values)
