@@ -14,6 +14,8 @@ read — and files that do not decode (truncated, corrupt, or another format beh
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +81,8 @@ class EncodedMedia:
     token_type_ids: list[int]
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
+    digest: bytes
+    """SHA-256 of the image files, in order: what tells two prompts' images apart (the answer cache's key)."""
 
     @property
     def image_count(self) -> int:
@@ -145,8 +149,29 @@ def _too_many_pixels(where: Location, size: tuple[int, int], limits: MediaLimits
     )
 
 
-def encode_images(tokenizer: Tokenizer, processor: ImageProcessor, images: Sequence[Image]) -> EncodedMedia:
-    """The token ids and tensors of ``images`` (at least one), placed as the original release code places them."""
+def files_digest(files: Sequence[bytes]) -> bytes:
+    """SHA-256 over the files, each preceded by its length (two lists of files never run together)."""
+    digest = hashlib.sha256()
+    for data in files:
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.digest()
+
+
+@functools.lru_cache(maxsize=4)
+def release_image_processor(release_dir: str) -> ImageProcessor:
+    """The release's image processor (``processor_config.json``), loaded once per process."""
+    from transformers import AutoImageProcessor
+
+    processor: ImageProcessor = AutoImageProcessor.from_pretrained(release_dir)
+    return processor
+
+
+def encode_images(
+    tokenizer: Tokenizer, processor: ImageProcessor, images: Sequence[Image], digest: bytes
+) -> EncodedMedia:
+    """The token ids and tensors of ``images`` (at least one), placed as the original release code places them;
+    ``digest``: :func:`files_digest` of their files."""
     if not images:
         raise ValueError("encode_images needs at least one image")
     processed = processor(images=list(images), return_tensors="pt")
@@ -165,4 +190,5 @@ def encode_images(tokenizer: Tokenizer, processor: ImageProcessor, images: Seque
         token_type_ids=token_types + [0] * len(separator),
         pixel_values=processed["pixel_values"],
         image_grid_thw=grid,
+        digest=digest,
     )
