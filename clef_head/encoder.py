@@ -20,10 +20,13 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from clef_head.layout import QUESTION_TYPE_IDS, QuestionLayout, RecordLayout
 from clef_head.request import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest
+
+if TYPE_CHECKING:
+    from clef_head.media import EncodedMedia
 
 SYSTEM_INSTRUCTION = (
     "Read the complete state and schema. Decide every field jointly. Each answer "
@@ -75,11 +78,14 @@ class StateTooLong(ValueError):
 
 @dataclass(frozen=True)
 class EncodedRequest:
-    """Token ids of one prompt, the layout of its questions, and whether the state was cut to fit."""
+    """Token ids of one prompt, the layout of its questions, whether the state was cut to fit, and its images
+    (their token ids start at ``media_offset``, right after ``STATE:\\n``)."""
 
     input_ids: list[int]
     layout: RecordLayout
     state_truncated: bool = False
+    media: EncodedMedia | None = None
+    media_offset: int = 0
 
 
 def render_json(value: Any) -> str:
@@ -234,15 +240,22 @@ def encode_request(
     request: SystemOneRequest,
     max_length: int = DEFAULT_MAX_LENGTH,
     overflow: StateOverflow = "truncate",
+    media: EncodedMedia | None = None,
 ) -> EncodedRequest:
     """Encode a validated request. The state is cut to fit ``max_length`` (or refused with
-    :class:`StateTooLong` when ``overflow`` is ``"refuse"``); the schema never is."""
+    :class:`StateTooLong` when ``overflow`` is ``"refuse"``); the schema and the images never are. ``media``
+    (:func:`clef_head.media.encode_images`) goes between ``STATE:\\n`` and the state, as the original release
+    code places it."""
     with _tokenizer_lock:
-        return _encode(tokenizer, request, max_length, overflow)
+        return _encode(tokenizer, request, max_length, overflow, media)
 
 
 def _encode(
-    tokenizer: Tokenizer, request: SystemOneRequest, max_length: int, overflow: StateOverflow
+    tokenizer: Tokenizer,
+    request: SystemOneRequest,
+    max_length: int,
+    overflow: StateOverflow,
+    media: EncodedMedia | None,
 ) -> EncodedRequest:
     schema = _ids(tokenizer, "\n\nSCHEMA FIELDS:\n")
     relative: list[QuestionLayout] = []
@@ -282,6 +295,9 @@ def _encode(
         )
 
     head = _ids(tokenizer, PROMPT_HEAD)
+    media_offset = len(head)
+    if media is not None:
+        head += media.token_ids
     tail = _ids(tokenizer, PROMPT_TAIL)
     fixed = len(head) + len(schema) + len(tail)
     if fixed > max_length:
@@ -304,4 +320,10 @@ def _encode(
             for q in relative
         )
     )
-    return EncodedRequest(input_ids=head + state + schema + tail, layout=layout, state_truncated=truncated)
+    return EncodedRequest(
+        input_ids=head + state + schema + tail,
+        layout=layout,
+        state_truncated=truncated,
+        media=media,
+        media_offset=media_offset if media is not None else 0,
+    )

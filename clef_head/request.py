@@ -8,6 +8,11 @@ fields it does not read (ignored, logged at debug level), numbers and booleans a
 descriptions (rendered as JSON text, as it does) and an empty question id (with instructions: without
 them the question would have no text at all). Nesting deeper than
 ``RequestLimits.max_depth`` is refused before any other work.
+
+Images come as the hosted API's ``assets`` (placeholder → ``data_base64`` + ``format``, or the name of a
+multipart ``part``) or as the original release code's ``images`` (base64 or ``data:image/...;base64,`` URLs);
+:mod:`clef_head.assets` resolves them. ``videos`` and the hosted API's ``box`` questions are refused by name:
+this model's head has no box output, and this server reads no video.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ def _optional_description(value: Any) -> Any:
 # A description (instructions, option or level): text, a number, or a JSON object or array; null: none.
 OptionalDescription = Annotated[Any, AfterValidator(_optional_description)]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
+UNSUPPORTED_QUESTION_TYPES: dict[str, str] = {
+    "box": "box questions are not supported by this model: its head answers noul, choice and score questions "
+    "and has no box output",
+}
+"""Question types of the hosted API this model cannot answer, and why."""
 
 
 @dataclass(frozen=True)
@@ -146,16 +156,40 @@ class ScoreQuestion(_Strict):
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
+class Asset(_Strict):
+    """One image of ``assets``: its bytes as ``data_base64`` (with their ``format``) or, in a multipart body,
+    the name of the ``part`` that holds them (``data_base64`` is then ignored, as the hosted API does)."""
+
+    type: Literal["image"] | None = None
+    format: Literal["png", "jpg", "jpeg"] | None = None
+    data_base64: str | None = None
+    part: str | None = None
+
+    @field_validator("part")
+    @classmethod
+    def _part_name(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("a part name must not be empty")
+        return value
+
+    def model_post_init(self, context: Any) -> None:
+        if self.part is None and (self.data_base64 is None or self.format is None):
+            missing = "data_base64" if self.data_base64 is None else "format"
+            raise ValueError(
+                f"an asset needs part (in a multipart body), or data_base64 and format; {missing} is missing"
+            )
+
+
 class SystemOneRequest(_Strict):
-    """A ``POST /v1/systemone`` body. Media fields are accepted only when empty; ``id`` is not read."""
+    """A ``POST /v1/systemone`` body. ``id`` is not read; ``videos`` are accepted only when empty."""
 
     model: str
     state: Any  # any JSON value, checked by the walk in parse_request
     questions: dict[str, Question]
     id: Any = None
-    images: list[JsonValue] | None = None
+    images: list[str] | None = None
     videos: list[JsonValue] | None = None
-    assets: dict[str, JsonValue] | None = None
+    assets: dict[str, Asset] | None = None
 
     @field_validator("questions")
     @classmethod
@@ -172,12 +206,26 @@ class SystemOneRequest(_Strict):
             raise ValueError("a question with an empty id needs instructions")
         return value
 
-    @field_validator("images", "videos", "assets")
+    @field_validator("videos")
     @classmethod
-    def _no_media(cls, value: Any) -> Any:
+    def _no_videos(cls, value: Any) -> Any:
         if value:
-            raise ValueError("images and videos are not supported: this model reads text and JSON only")
+            raise ValueError("videos are not supported by this server: send images (assets or images)")
         return value
+
+    @field_validator("assets")
+    @classmethod
+    def _placeholders(cls, value: dict[str, Asset] | None, info: ValidationInfo) -> dict[str, Asset] | None:
+        limits = _limits(info)
+        for placeholder in value or ():
+            if not placeholder or len(placeholder) > limits.max_id_chars:
+                raise ValueError(f"asset placeholders must have 1 to {limits.max_id_chars} characters")
+        return value
+
+    @property
+    def has_media(self) -> bool:
+        """Whether the request sends images (``images`` or ``assets``)."""
+        return bool(self.images or self.assets)
 
 
 def _error_location(location: tuple[int | str, ...]) -> Location:
@@ -191,7 +239,10 @@ def _error_location(location: tuple[int | str, ...]) -> Location:
 
 def _error_message(error: ErrorDetails) -> str:
     message = str(error["msg"])
-    if error["type"] == "union_tag_invalid" or error["type"] == "union_tag_not_found":
+    if error["type"] == "union_tag_invalid":  # a known question type this model cannot answer is named
+        tag = (error.get("ctx") or {}).get("tag")
+        return UNSUPPORTED_QUESTION_TYPES.get(str(tag), "type must be one of noul, choice, score")
+    if error["type"] == "union_tag_not_found":
         return "type must be one of noul, choice, score"
     return message.removeprefix("Value error, ")
 
@@ -273,7 +324,10 @@ def parse_request(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> SystemOn
         request = SystemOneRequest.model_validate(body, context={"limits": limits})
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise InvalidRequest(_error_location(first["loc"]), _error_message(first), str(first["type"])) from None
+        where = _error_location(first["loc"])
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            where = (*where, "type")
+        raise InvalidRequest(where, _error_message(first), str(first["type"])) from None
     if log.isEnabledFor(logging.DEBUG):
         ignored = unknown_fields(body)
         if ignored:

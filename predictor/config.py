@@ -22,6 +22,7 @@ from predictor.engines.engine_args import given_vllm_flags
 from predictor.http.api_args import api_config, request_policy, resolve_encode_processes
 from predictor.http.api_config import ApiConfig
 from predictor.serving.options import ServingOptions
+from predictor.serving.prepare import VisionSettings
 from predictor.serving.service import ModelCard
 
 DEMO_MAX_MODEL_LEN = 1024
@@ -72,6 +73,7 @@ def engine_config(args: argparse.Namespace, release_dir: Path) -> EngineConfig:
         dtype=args.dtype,
         max_batch=args.max_batch,
         batch_wait_s=args.batch_wait_ms / 1000,
+        vision=args.vision,
         vllm_flags=given_vllm_flags(args),
     )
 
@@ -90,6 +92,7 @@ def config_from_args(args: argparse.Namespace, release_dir: Path, random: bool, 
         max_batch_items=args.max_batch_items,
         max_queue_wait_s=args.max_queue_wait_s,
         policy=request_policy(args),
+        vision=VisionSettings(str(release_dir)) if args.vision else None,
     )
     card = model_card(args, release_dir, random)
     return PredictorConfig(card, engine_config(args, release_dir), serving, api_config(args))

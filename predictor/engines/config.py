@@ -20,7 +20,8 @@ class EngineConfig:
     """The engine for the release in ``release_dir``: ``kind`` is one of :data:`ENGINE_CHOICES` (``auto``:
     :func:`predictor.engines.choose_engine` decides); ``data_parallel_size`` engines, prompts up to
     ``max_model_len`` tokens, weights in ``dtype`` (vLLM's names; ``auto``: the engine's choice). The transformers
-    engine runs up to ``max_batch`` records per forward pass, waiting ``batch_wait_s`` to fill one.
+    engine runs up to ``max_batch`` records per forward pass, waiting ``batch_wait_s`` to fill one; ``vision``: it
+    runs the vision tower for requests with images (the transformers engine only).
     ``vllm_flags``: vLLM's own engine arguments (``AsyncEngineArgs`` field names) that differ from vLLM's defaults,
     besides the three above; the vLLM engine builds its arguments from them
     (:func:`predictor.engines.engine_args.vllm_engine_args`)."""
@@ -32,6 +33,7 @@ class EngineConfig:
     dtype: str = "auto"
     max_batch: int = 32
     batch_wait_s: float = 0.005
+    vision: bool = False
     vllm_flags: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

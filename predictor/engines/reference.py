@@ -1,4 +1,8 @@
-"""Reference scorer on plain transformers: Qwen3.5 backbone (text only) + the joint schema head.
+"""Reference scorer on plain transformers: Qwen3.5 backbone + the joint schema head.
+
+Text only unless ``vision`` is asked for: then the vision tower is kept and a prompt with images runs through
+the whole multimodal model (vision tower, then the language model), alone in its forward pass, as the
+original release code runs it; without ``vision`` the tower is dropped at load.
 
 This is the path Clef's own code takes. It runs on the CPU (tiny releases) and on a GPU in BF16,
 and is the baseline the vLLM path must match and beat.
@@ -28,6 +32,7 @@ class TransformersScorer:
         dtype: torch.dtype = torch.bfloat16,
         max_length: int = DEFAULT_MAX_LENGTH,
         max_batch_tokens: int = 16384,
+        vision: bool = False,
     ) -> None:
         from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
 
@@ -47,7 +52,9 @@ class TransformersScorer:
             # model's forward, which this scorer bypasses (it calls the language model directly).
             # Decompress now; the Linear layers keep quantizing their inputs per token on the fly.
             compressor.decompress_model(model)
-        del model.model.visual  # text and JSON only: the vision tower is never used
+        self.multimodal = model.model.eval() if vision else None
+        if not vision:
+            del model.model.visual  # text and JSON only: the vision tower is never used
         self.backbone = model.model.language_model.eval()
         self.lm_head_weight = model.lm_head.weight.detach()
         self.head = load_head(self.model_dir, device=self.device, dtype=dtype)
@@ -59,7 +66,12 @@ class TransformersScorer:
 
     @torch.inference_mode()
     def hidden_states(self, batch: Sequence[EncodedRequest]) -> list[torch.Tensor]:
-        """Final hidden states [L_i, hidden] of each prompt, from one right-padded forward pass."""
+        """Final hidden states [L_i, hidden] of each prompt, from one right-padded forward pass (a prompt with
+        images: alone, through the vision tower too)."""
+        if any(item.media is not None for item in batch):
+            if len(batch) != 1:
+                raise ValueError("a prompt with images is scored alone")
+            return [self._with_images(batch[0])]
         longest = max(len(item.input_ids) for item in batch)
         input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -74,15 +86,40 @@ class TransformersScorer:
         )
         return [output.last_hidden_state[row, : len(item.input_ids)] for row, item in enumerate(batch)]
 
+    def _with_images(self, item: EncodedRequest) -> torch.Tensor:
+        media = item.media
+        if media is None or self.multimodal is None:
+            raise ValueError("this scorer was loaded without its vision tower (vision=False)")
+        length = len(item.input_ids)
+        token_types = torch.zeros((1, length), dtype=torch.long)
+        start = item.media_offset
+        token_types[0, start : start + len(media.token_type_ids)] = torch.tensor(media.token_type_ids)
+        output = self.multimodal(
+            input_ids=torch.tensor([item.input_ids], device=self.device),
+            attention_mask=torch.ones((1, length), dtype=torch.long, device=self.device),
+            pixel_values=media.pixel_values.to(self.device),
+            image_grid_thw=media.image_grid_thw.to(self.device),
+            mm_token_type_ids=token_types.to(self.device),
+            use_cache=False,
+            return_dict=True,
+        )
+        return output.last_hidden_state[0]
+
     @torch.inference_mode()
     def score(self, encoded: Sequence[EncodedRequest]) -> list[torch.Tensor]:
-        """Flat option logits per request; prompts are grouped by length into token-bounded batches."""
+        """Flat option logits per request; prompts are grouped by length into token-bounded batches (a prompt
+        with images is a batch of its own)."""
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
         results: list[Any] = [None] * len(encoded)
         start = 0
         while start < len(order):
             end = start + 1
-            while end < len(order) and len(encoded[order[end]].input_ids) * (end - start + 1) <= self.max_batch_tokens:
+            while (
+                end < len(order)
+                and encoded[order[start]].media is None
+                and encoded[order[end]].media is None
+                and len(encoded[order[end]].input_ids) * (end - start + 1) <= self.max_batch_tokens
+            ):
                 end += 1
             batch = [encoded[i] for i in order[start:end]]
             hidden = self.hidden_states(batch)

@@ -30,6 +30,7 @@ class TransformersEngine(Engine):
         max_batch_tokens: int = 16384,
         max_wait_s: float = 0.005,
         label: str = "transformers",
+        vision: bool = False,
     ) -> None:
         self.label = label
         self.scorer = TransformersScorer(
@@ -38,6 +39,7 @@ class TransformersEngine(Engine):
             dtype=dtype,
             max_length=max_length,
             max_batch_tokens=max(max_batch_tokens, max_length),
+            vision=vision,
         )
         self._batcher: MicroBatcher[EncodedRequest, torch.Tensor] = MicroBatcher(
             self._score_batch,

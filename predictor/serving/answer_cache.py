@@ -26,7 +26,7 @@ from clef_head.encoder import EncodedRequest
 from clef_head.layout import RecordLayout
 from predictor.core import metrics
 
-CacheKey = tuple[bytes, RecordLayout]
+CacheKey = tuple[bytes, RecordLayout, bytes]
 BodyKey = tuple[Hashable, str, bytes]
 """The serving settings a body is read under, its content type, and the body."""
 ENTRY_OVERHEAD_BYTES = 256
@@ -34,8 +34,10 @@ ENTRY_OVERHEAD_BYTES = 256
 
 
 def cache_key(encoded: EncodedRequest) -> CacheKey:
-    """The exact identity of a prompt: its token ids (as bytes) and its layout."""
-    return array("i", encoded.input_ids).tobytes(), encoded.layout
+    """The identity of a prompt: its token ids (as bytes), its layout and its images' digest (SHA-256 of their
+    files: two images of one size have the same token ids)."""
+    digest = encoded.media.digest if encoded.media is not None else b""
+    return array("i", encoded.input_ids).tobytes(), encoded.layout, digest
 
 
 def body_key(settings: Hashable, content_type: str, body: bytes) -> BodyKey:

@@ -15,6 +15,7 @@ from predictor.engines.base import Engine
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS, DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.encode_pool import EncodePool, InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
+from predictor.serving.prepare import VisionSettings
 from predictor.serving.request_policy import RequestPolicy
 from predictor.serving.service import ModelCard, SystemOneService
 
@@ -25,7 +26,7 @@ class ServingOptions:
     cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
     tokenizer of ``release_dir`` (0: a thread of the serving process), and the most System One requests one
     V1/V2 body may hold (``max_batch_items``, as the batch route); ``policy``: the names served and what an
-    over-long state gets."""
+    over-long state gets; ``vision``: images are read (``None``: text only, images refused)."""
 
     warmup_rounds: int = 1
     warmup_max_batch: int = 16
@@ -37,6 +38,7 @@ class ServingOptions:
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
     max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
     policy: RequestPolicy = RequestPolicy()
+    vision: VisionSettings | None = None
 
     def __post_init__(self) -> None:
         if self.encode_processes < 0:
@@ -75,4 +77,5 @@ def build_service(
         preparer=options.preparer(engine),
         max_wait_s=options.max_queue_wait_s,
         policy=options.policy,
+        vision=options.vision,
     )

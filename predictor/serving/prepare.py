@@ -5,22 +5,34 @@ Every function here is top level and takes the tokenizer and :class:`PrepareSett
 same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
 worker processes of :class:`predictor.serving.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
 against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
-either way. Nothing here imports torch, transformers or an engine.
+either way. Nothing here imports torch, transformers or an engine, except on a server that reads images
+(``PrepareSettings.vision``): its first image loads the release's image processor (transformers) in that process.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
+from clef_head.assets import resolve_media
 from clef_head.encoder import EncodedRequest, SchemaTooLong, StateTooLong, encode_request
+from clef_head.media import (
+    DEFAULT_MEDIA_LIMITS,
+    EncodedMedia,
+    MediaLimits,
+    decode_image,
+    encode_images,
+    files_digest,
+    release_image_processor,
+)
 from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor.core.errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unreadable, parse_param, quoted
+from predictor.serving.multipart_body import is_multipart, read_multipart
 from predictor.serving.request_policy import RequestPolicy
 
 Prepared = tuple[SystemOneRequest, EncodedRequest]
@@ -30,17 +42,40 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PrepareSettings:
     """What validation and encoding depend on besides the tokenizer: the served name, the request limits,
-    the name and state-overflow policy and the engine's longest prompt."""
+    the name and state-overflow policy, the engine's longest prompt, and whether images are read (``vision``:
+    where the release's image processor is and the image limits; ``None``: text only, images refused)."""
 
     served_name: str
     limits: RequestLimits
     policy: RequestPolicy
     max_length: int
+    vision: VisionSettings | None = None
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """Images are read: the release whose image processor encodes them, and their limits."""
+
+    release_dir: str
+    limits: MediaLimits = DEFAULT_MEDIA_LIMITS
+
+
+TEXT_ONLY_MEDIA = "images are not supported by this server: it serves text and JSON only (started without --vision)"
+
+
+def refuse_media(body: Any, where: tuple[int | str, ...]) -> None:
+    """On a text-only server, refuse a body that sends images (before any other check, as the model card says)."""
+    if isinstance(body, dict):
+        for field in ("assets", "images"):
+            if body.get(field):
+                raise BadInput(TEXT_ONLY_MEDIA, (*where, field))
 
 
 def validate(settings: PrepareSettings, body: Any, prefix: str = "") -> SystemOneRequest:
     """A validated request; :class:`BadInput` (or :class:`ModelNotServed`) names the field under ``prefix``."""
     where = parse_param(prefix)
+    if settings.vision is None:
+        refuse_media(body, where)
     try:
         request = parse_request(body, settings.limits)
     except InvalidRequest as exc:
@@ -56,18 +91,26 @@ def validate(settings: PrepareSettings, body: Any, prefix: str = "") -> SystemOn
     return request
 
 
-def encode(tokenizer: Any, settings: PrepareSettings, request: SystemOneRequest, prefix: str = "") -> EncodedRequest:
-    """The prompt; :class:`BadInput` with the token counts when the schema alone exceeds the maximum
+def encode(
+    tokenizer: Any,
+    settings: PrepareSettings,
+    request: SystemOneRequest,
+    prefix: str = "",
+    media: EncodedMedia | None = None,
+) -> EncodedRequest:
+    """The prompt; :class:`BadInput` with the token counts when the schema (and images) alone exceed the maximum
     (:class:`TooLarge` when the state does not fit and the policy refuses over-long states)."""
     where = parse_param(prefix)
     try:
         return encode_request(
-            tokenizer, request, max_length=settings.max_length, overflow=settings.policy.state_overflow
+            tokenizer, request, max_length=settings.max_length, overflow=settings.policy.state_overflow, media=media
         )
     except SchemaTooLong as exc:
+        what = "questions and images" if media is not None else "questions"
         raise BadInput(
-            f"the questions need {exc.required} tokens before any state, more than the maximum prompt "
-            f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions",
+            f"the {what} need {exc.required} tokens before any state, more than the maximum prompt "
+            f"length of {exc.maximum} tokens (--max-model-len); send fewer or shorter questions"
+            + (" or fewer or smaller images" if media is not None else ""),
             (*where, "questions"),
         ) from None
     except StateTooLong as exc:
@@ -76,10 +119,32 @@ def encode(tokenizer: Any, settings: PrepareSettings, request: SystemOneRequest,
         ) from None
 
 
-def prepare(tokenizer: Any, settings: PrepareSettings, body: Any, prefix: str = "") -> Prepared:
-    """Validate and encode one parsed body."""
+def read_images(
+    tokenizer: Any, vision: VisionSettings, request: SystemOneRequest, parts: Mapping[str, bytes]
+) -> tuple[SystemOneRequest, EncodedMedia | None]:
+    """The request with its placeholders resolved, and its images decoded and encoded (``None``: it has none);
+    :class:`InvalidRequest` names the field of a refused image."""
+    resolved = resolve_media(request, parts, vision.limits)
+    if not resolved.images:
+        return resolved.request, None
+    images = [decode_image(source.data, source.where, vision.limits) for source in resolved.images]
+    processor = release_image_processor(vision.release_dir)
+    digest = files_digest([source.data for source in resolved.images])
+    return resolved.request, encode_images(tokenizer, processor, images, digest)
+
+
+def prepare(
+    tokenizer: Any, settings: PrepareSettings, body: Any, prefix: str = "", parts: Mapping[str, bytes] | None = None
+) -> Prepared:
+    """Validate and encode one parsed body (``parts``: a multipart body's image parts)."""
     request = validate(settings, body, prefix)
-    return request, encode(tokenizer, settings, request, prefix)
+    media = None
+    if settings.vision is not None and (request.has_media or parts):
+        try:
+            request, media = read_images(tokenizer, settings.vision, request, parts or {})
+        except InvalidRequest as exc:
+            raise BadInput(exc.message, (*parse_param(prefix), *exc.loc), exc.kind) from None
+    return request, encode(tokenizer, settings, request, prefix, media)
 
 
 def prepare_all(
@@ -105,11 +170,13 @@ def prepare_each(
 def decode_json_body(raw: bytes, content_type: str) -> Any:
     """Parse a JSON request body (any Content-Type but multipart); :class:`Unreadable` when it is not JSON.
 
-    A multipart body is how the TypeSafe SDK sends images: :class:`Unreadable` naming ``assets``.
+    A multipart body is how the TypeSafe SDK sends images: :class:`Unreadable` naming ``assets`` (a server that
+    reads images reads it with :func:`prepare_json`).
     """
-    if content_type.split(";")[0].strip().lower().startswith("multipart/"):
+    if is_multipart(content_type):
         raise Unreadable(
-            "images and videos are not supported: this model reads text and JSON only (send application/json)",
+            "images are not supported here: send application/json (a server started with --vision reads the "
+            "TypeSafe SDK's multipart bodies at POST /v1/systemone)",
             ("assets",),
         )
     if not raw.strip():
@@ -121,7 +188,11 @@ def decode_json_body(raw: bytes, content_type: str) -> Any:
 
 
 def prepare_json(tokenizer: Any, settings: PrepareSettings, raw: bytes, content_type: str) -> Prepared:
-    """``POST /v1/systemone``: read the raw body, validate and encode it."""
+    """``POST /v1/systemone``: read the raw body (JSON, or multipart with images on a server that reads them),
+    validate and encode it."""
+    if settings.vision is not None and is_multipart(content_type):
+        body = read_multipart(raw, content_type, settings.vision.limits.max_images)
+        return prepare(tokenizer, settings, decode_json_body(body.request, "application/json"), parts=body.parts)
     return prepare(tokenizer, settings, decode_json_body(raw, content_type))
 
 
@@ -169,6 +240,13 @@ class ReleaseTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         """``{"input_ids": [...]}`` of ``text``, as a transformers tokenizer answers."""
         return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        """The id of a token of the vocabulary (the media markers); :class:`KeyError` when it has none."""
+        index = self._tokenizer.token_to_id(token)
+        if index is None:
+            raise KeyError(f"{token!r} is not in the release's vocabulary")
+        return int(index)
 
 
 def init_worker(release_dir: str, job_deadline_s: int) -> None:

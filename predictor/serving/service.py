@@ -32,7 +32,7 @@ from predictor.serving.answer_cache import AnswerCache, body_key, cache_key
 from predictor.serving.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.encode_pool import InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
-from predictor.serving.prepare import Prepared, PrepareSettings
+from predictor.serving.prepare import Prepared, PrepareSettings, VisionSettings
 from predictor.serving.request_policy import DEFAULT_POLICY, RequestPolicy
 from predictor.serving.request_record import record_tokens
 
@@ -81,8 +81,10 @@ class SystemOneService:
         preparer: Preparer | None = None,
         max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
         policy: RequestPolicy = DEFAULT_POLICY,
+        vision: VisionSettings | None = None,
     ) -> None:
         self.engine = engine
+        self.vision = vision
         self.card = card
         self.lifecycle = lifecycle
         self.limits = limits
@@ -144,7 +146,7 @@ class SystemOneService:
     @property
     def settings(self) -> PrepareSettings:
         """What validation and encoding depend on (read when a body is prepared: the policy may change)."""
-        return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length)
+        return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length, self.vision)
 
     async def _prepare(self, job: Callable[..., T], *args: Any) -> T:
         """Run a :mod:`predictor.serving.prepare` job where the preparer runs it; the encode stage's time is the

@@ -54,8 +54,14 @@ INVALID = [
     ("no questions", _with("questions", {}), "questions", "between 1 and 64"),
     ("questions not an object", _with("questions", ["a"]), "questions", "dictionary"),
     ("too many questions", _with("questions", {f"q{i}": {"type": "noul"} for i in range(65)}), "questions", "got 65"),
-    ("unknown type", _with("questions.billing.type", "box"), "questions.billing", "noul, choice, score"),
-    ("missing type", _with("questions.billing", {"instructions": "x"}), "questions.billing", "noul, choice, score"),
+    ("unknown type", _with("questions.billing.type", "rank"), "questions.billing.type", "noul, choice, score"),
+    ("box type", _with("questions.billing.type", "box"), "questions.billing.type", "no box output"),
+    (
+        "missing type",
+        _with("questions.billing", {"instructions": "x"}),
+        "questions.billing.type",
+        "noul, choice, score",
+    ),
     ("question not an object", _with("questions.billing", "yes?"), "questions.billing", ""),
     ("choice without criteria", _with("questions.tone.criteria", _DELETE), "questions.tone.criteria", "Field required"),
     (
@@ -110,9 +116,9 @@ INVALID = [
         "questions.tone.criteria.calm",
         "deeper than 128",
     ),
-    ("images", _with("images", ["aGk="]), "images", "not supported"),
+    ("image not a string", _with("images", [{"url": "https://example.com/a.png"}]), "images.0", "valid string"),
     ("videos", _with("videos", ["aGk="]), "videos", "not supported"),
-    ("assets", _with("assets", {"x": {"type": "image"}}), "assets", "not supported"),
+    ("asset without data", _with("assets", {"x": {"type": "image"}}), "assets.x", "data_base64 is missing"),
 ]
 
 

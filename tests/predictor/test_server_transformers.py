@@ -259,7 +259,7 @@ BAD_SYSTEM_ONE = [
     ("not an object", b"[1, 2]", 422, None),
     ("missing questions", {"model": MODEL_NAME, "state": 1}, 422, "questions"),
     ("no questions", _valid(questions={}), 422, "questions"),
-    ("bad question type", _valid(questions={"q": {"type": "rank"}}), 422, "questions.q"),
+    ("bad question type", _valid(questions={"q": {"type": "rank"}}), 422, "questions.q.type"),
     (
         "one choice label",
         _valid(questions={"q": {"type": "choice", "criteria": {"a": None}}}),

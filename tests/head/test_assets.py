@@ -1,0 +1,158 @@
+"""The request contract for images: ``assets`` (JSON and multipart parts), ``images``, placeholders, limits,
+hostile files refused before decoding, and ``box`` questions refused by name."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import pytest
+
+from clef_head.assets import resolve_media
+from clef_head.media import MediaLimits, decode_image
+from clef_head.request import InvalidRequest, parse_request
+from reliability.image_files import gif_file, image_file, png_bomb, truncated, wrong_signature
+
+PNG = image_file(40, 30)
+JPEG = image_file(50, 20, file_format="JPEG")
+B64 = base64.b64encode(PNG).decode()
+LIMITS = MediaLimits()
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "clef-flash",
+        "state": {"photo": "<P1>", "note": "see <P2> and <P1>"},
+        "questions": {
+            "damaged": {"type": "noul", "instructions": "Is the item in <P3> damaged?"},
+            "kind": {"type": "choice", "criteria": {"a": "like <P4>", "b": None}},
+            "size": {"type": "score", "criteria": ["small", {"example": "<P5>"}]},
+        },
+    }
+    body.update(fields)
+    return body
+
+
+def _assets(*names: str, part: bool = False) -> dict[str, Any]:
+    return {
+        name: ({"type": "image", "part": f"asset-{i}"} if part else {"format": "png", "data_base64": B64})
+        for i, name in enumerate(names)
+    }
+
+
+def test_placeholders_are_replaced_in_prompt_order_after_the_images() -> None:
+    body = _body(images=[f"data:image/jpeg;base64,{base64.b64encode(JPEG).decode()}"])
+    body["assets"] = _assets("<P5>", "<P4>", "<P3>", "<P2>", "<P1>")
+    resolved = resolve_media(parse_request(body), {}, LIMITS)
+    request = resolved.request
+    # The state renders keys sorted: "note" (P2, then P1) comes before "photo".
+    assert request.state == {"photo": "[image 3]", "note": "see [image 2] and [image 3]"}
+    assert request.questions["damaged"].instructions == "Is the item in [image 4] damaged?"
+    assert request.questions["kind"].criteria == {"a": "like [image 5]", "b": None}
+    assert request.questions["size"].criteria == ["small", {"example": "[image 6]"}]
+    assert [source.data for source in resolved.images] == [JPEG] + [PNG] * 5
+    assert [source.where for source in resolved.images][:2] == [("images", 0), ("assets", "<P2>", "data_base64")]
+    assert request.images is None and request.assets is None
+
+
+def test_multipart_parts_are_claimed_by_their_assets() -> None:
+    body = _body(assets=_assets("<P1>", "<P2>", "<P3>", "<P4>", "<P5>", part=True))
+    parts = {f"asset-{i}": image_file(8 + i, 8, seed=i) for i in range(5)}
+    resolved = resolve_media(parse_request(body), parts, LIMITS)
+    assert [source.data for source in resolved.images] == [parts[f"asset-{i}"] for i in (1, 0, 2, 3, 4)]
+
+
+def test_a_placeholder_inside_another_is_not_found_in_it() -> None:
+    body = _body(state="<P1> <P11>", questions={"q": {"type": "noul"}}, assets=_assets("<P1>", "<P11>"))
+    assert resolve_media(parse_request(body), {}, LIMITS).request.state == "[image 1] [image 2]"
+
+
+def test_object_keys_are_not_searched() -> None:
+    body = _body(state={"<P1>": 1}, questions={"q": {"type": "noul"}}, assets=_assets("<P1>"))
+    _refused(body, "assets.<P1>", "not referenced")
+
+
+def _refused(
+    body: dict[str, Any], param: str, rule: str, parts: dict[str, bytes] | None = None, limits: MediaLimits = LIMITS
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        resolve_media(parse_request(body), parts or {}, limits)
+    assert caught.value.param == param
+    assert rule in caught.value.message
+
+
+FIVE = ("<P1>", "<P2>", "<P3>", "<P4>", "<P5>")
+
+
+def test_contract_refusals() -> None:
+    _refused(_body(assets=_assets(*FIVE, "<unused>")), "assets.<unused>", "not referenced")
+    _refused(_body(assets=_assets(*FIVE, part=True)), "assets.<P1>.part", "does not have", {"asset-9": PNG})
+    parts = {f"asset-{i}": PNG for i in range(6)}
+    _refused(_body(assets=_assets(*FIVE, part=True)), "assets", "'asset-5' of the body is claimed by no asset", parts)
+    twice = _assets(*FIVE, part=True)
+    twice["<P2>"] = {"part": "asset-0"}
+    _refused(_body(assets=twice), "assets.<P2>.part", "already claimed", {f"asset-{i}": PNG for i in (0, 2, 3, 4)})
+    _refused(_body(assets=_assets(*FIVE)), "assets", "at most 4", limits=MediaLimits(max_images=4))
+    _refused(_body(images=["aGk=", "aGk="]), "images", "at most 1", limits=MediaLimits(max_images=1))
+    bad = _assets(*FIVE)
+    bad["<P3>"]["data_base64"] = "not base64!"
+    _refused(_body(assets=bad), "assets.<P3>.data_base64", "not valid base64")
+    _refused(_body(images=["data:image/gif;base64,R0lG"]), "images.0", "data:image/png;base64,")
+    _refused(_body(images=[B64]), "images.0", "more than the 100 allowed", limits=MediaLimits(max_image_bytes=100))
+    _refused(_body(images=[B64, B64]), "images", "in all", limits=MediaLimits(max_total_bytes=len(PNG) + 1))
+
+
+@pytest.mark.parametrize(
+    ("asset", "param", "rule"),
+    [
+        ({"type": "image"}, "assets.x", "data_base64 is missing"),
+        ({"data_base64": B64}, "assets.x", "format is missing"),
+        ({"data_base64": B64, "format": "gif"}, "assets.x.format", "'png', 'jpg' or 'jpeg'"),
+        ({"part": ""}, "assets.x.part", "must not be empty"),
+    ],
+)
+def test_asset_fields_are_checked(asset: dict[str, Any], param: str, rule: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(_body(assets={"x": asset}))
+    assert (caught.value.param, rule in caught.value.message) == (param, True)
+
+
+def test_box_questions_are_refused_by_name() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(_body(questions={"where": {"type": "box", "instructions": "the dent"}}))
+    assert caught.value.param == "questions.where.type"
+    assert "box questions are not supported by this model" in caught.value.message
+
+
+def test_videos_are_refused_by_name() -> None:
+    with pytest.raises(InvalidRequest, match="videos are not supported"):
+        parse_request(_body(videos=["aGk="]))
+
+
+HOSTILE = [
+    ("bomb", png_bomb(), "100000×100000 pixels"),
+    ("wide bomb", png_bomb(width=2_000_000, height=1), "2000000×1 pixels"),
+    ("aspect ratio", image_file(1000, 4), "200 times"),
+    ("truncated PNG", truncated(image_file(300, 300)), "does not decode"),
+    ("truncated JPEG", truncated(image_file(300, 300, file_format="JPEG")), "does not decode"),
+    ("PNG behind a JPEG signature", wrong_signature(PNG), "cannot be read"),
+    ("GIF", gif_file(), "not a PNG or JPEG"),
+    ("empty", b"", "not a PNG or JPEG"),
+    ("signature only", b"\x89PNG\r\n\x1a\n", "cannot be read"),
+]
+
+
+@pytest.mark.parametrize(("data", "rule"), [case[1:] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_hostile_files_are_refused_before_decoding(data: bytes, rule: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest) as caught:
+        decode_image(data, ("images", 0))
+    assert caught.value.param == "images.0"
+    assert rule in caught.value.message
+    assert time.perf_counter() - started < 0.5
+
+
+@pytest.mark.parametrize("file_format", ["PNG", "JPEG"])
+def test_valid_files_decode(file_format: str) -> None:
+    assert decode_image(image_file(33, 17, file_format=file_format), ("images", 0)).size == (33, 17)

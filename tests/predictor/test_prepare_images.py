@@ -1,0 +1,128 @@
+"""Images prepared where bodies are prepared: the encode workers' tokenizer (no transformers tokenizer) gives the
+same prompt and tensors as the engine's; multipart bodies as the TypeSafe SDK writes them, and malformed ones."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from clef_head.request import DEFAULT_LIMITS
+from predictor.core.errors import BadInput, Unreadable
+from predictor.serving import prepare
+from predictor.serving.multipart_body import read_multipart
+from predictor.serving.prepare import PrepareSettings, ReleaseTokenizer, VisionSettings
+from predictor.serving.request_policy import RequestPolicy
+from reliability.image_files import image_file
+
+PHOTO = image_file(200, 120, seed=3)
+REQUEST = {
+    "model": "clef-flash",
+    "state": {"photo": "<p>"},
+    "questions": {"q": {"type": "noul", "instructions": "Is it blue?"}},
+    "assets": {"<p>": {"type": "image", "part": "asset-0"}},
+}
+
+
+def _part(boundary: str, name: str, content_type: str, data: bytes) -> bytes:
+    disposition = f'form-data; name="{name}"' + ("" if name == "request" else f'; filename="{name}"')
+    head = f"--{boundary}\r\nContent-Disposition: {disposition}\r\nContent-Type: {content_type}\r\n\r\n"
+    return head.encode() + data + b"\r\n"
+
+
+def _multipart(request: dict, parts: dict[str, bytes], boundary: str = "b0undary") -> tuple[bytes, str]:
+    """A body laid out as the TypeSafe SDK lays it out: the JSON ``request`` part first, then each image."""
+    chunks = [_part(boundary, "request", "application/json", json.dumps(request).encode())]
+    chunks += [_part(boundary, name, "image/png", data) for name, data in parts.items()]
+    chunks.append(f"--{boundary}--\r\n".encode())
+    return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
+
+
+def test_worker_tokenizer_prepares_images_as_the_engine_tokenizer(tiny_release: Path) -> None:
+    from transformers import AutoTokenizer
+
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release)))
+    raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
+    engine = prepare.prepare_json(AutoTokenizer.from_pretrained(tiny_release), settings, raw, content_type)[1]
+    worker = prepare.prepare_json(ReleaseTokenizer(tiny_release), settings, raw, content_type)[1]
+    assert engine.input_ids == worker.input_ids and engine.layout == worker.layout
+    assert engine.media is not None and worker.media is not None
+    assert torch.equal(engine.media.pixel_values, worker.media.pixel_values)
+    assert engine.media.digest == worker.media.digest and engine.media_offset == worker.media_offset
+
+
+def test_text_only_settings_refuse_images_at_their_field(tiny_release: Path) -> None:
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048)
+    body = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
+    with pytest.raises(BadInput) as caught:
+        prepare.prepare(ReleaseTokenizer(tiny_release), settings, body)
+    assert caught.value.loc == ("assets",) and "started without --vision" in caught.value.message
+    raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
+    with pytest.raises(Unreadable) as unreadable:
+        prepare.prepare_json(ReleaseTokenizer(tiny_release), settings, raw, content_type)
+    assert unreadable.value.loc == ("assets",)
+
+
+def test_multipart_as_written_by_the_sdk() -> None:
+    raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO, "asset-1": b"\r\n--not a boundary\r\n"})
+    body = read_multipart(raw, content_type, max_parts=4)
+    assert json.loads(body.request) == REQUEST
+    assert body.parts == {"asset-0": PHOTO, "asset-1": b"\r\n--not a boundary\r\n"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "rule"),
+    [
+        (b"--b\r\n", "multipart/form-data; boundary=b", "no opening or closing boundary"),
+        (b"x", "multipart/form-data", "no boundary"),
+        (b"--b\r\nno headers\r\n--b--\r\n", "multipart/form-data; boundary=b", "no headers"),
+        (b"--b\r\nContent-Type: x\r\n\r\ny\r\n--b--\r\n", "multipart/form-data; boundary=b", "no Content-Disposition"),
+        (_multipart({}, {})[0], "multipart/mixed; boundary=b0undary", "must be multipart/form-data"),
+        (
+            b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n--b--\r\n',
+            "multipart/form-data; boundary=b",
+            "no part named 'request'",
+        ),
+    ],
+)
+def test_malformed_multipart_is_unreadable(raw: bytes, content_type: str, rule: str) -> None:
+    with pytest.raises(Unreadable, match=rule):
+        read_multipart(raw, content_type, max_parts=4)
+
+
+def test_thousands_of_parts_are_refused_before_they_are_split() -> None:
+    raw, content_type = _multipart(REQUEST, {f"asset-{i}": b"\x89PNG" for i in range(5000)})
+    with pytest.raises(BadInput) as caught:
+        read_multipart(raw, content_type, max_parts=16)
+    assert caught.value.loc == ("assets",) and "at most 16 images" in caught.value.message
+
+
+def test_an_encode_worker_process_prepares_images(tiny_release: Path) -> None:
+    """A multipart body prepared in a worker process: the prompt and tensors come back equal to the engine's."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from predictor.serving.encode_pool import EncodePool
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_release)
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release)))
+    raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
+    pool = EncodePool(tiny_release, 1, tokenizer)
+
+    async def scenario() -> Any:
+        await pool.start(settings)
+        return await pool.run(prepare.prepare_json, settings, raw, content_type)
+
+    try:
+        request, encoded = asyncio.run(scenario())
+    finally:
+        pool.close()
+    expected = prepare.prepare_json(tokenizer, settings, raw, content_type)[1]
+    assert request.state == {"photo": "[image 1]"} and encoded.input_ids == expected.input_ids
+    assert encoded.media is not None and expected.media is not None
+    assert torch.equal(encoded.media.pixel_values, expected.media.pixel_values)

@@ -1,0 +1,173 @@
+"""A predictor started with ``--vision`` (transformers engine, tiny release with a random vision tower): the
+TypeSafe SDK's ``Image`` in the state is answered byte for byte as the original release code answers the same
+record on the same release, JSON ``assets`` and ``images`` too, and hostile images are refused with 4xx."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pydantic
+import pytest
+import torch
+from PIL import Image
+
+from reliability.image_files import image_file, png_bomb, truncated
+from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
+
+PHOTO = image_file(448, 448, seed=1)
+SCAN = image_file(300, 200, file_format="JPEG", seed=2)
+QUESTIONS: dict[str, Any] = {
+    "damaged": {"type": "noul", "instructions": "Is the parcel damaged?"},
+    "kind": {"type": "choice", "criteria": {"box": "a cardboard box", "envelope": None, "tube": None}},
+    "size": {"type": "score", "criteria": ["small", "medium", "large"]},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    running = start_predictor(
+        tmp_path_factory.mktemp("predictor-vision"),
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "transformers",
+        "--vision",
+        "--max-model-len",
+        "4096",
+        "--max-batch",
+        "4",
+    )
+    yield running
+    assert stop(running) == 0, running.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def original(tiny_release: Path, reference: ModuleType) -> Any:
+    """The original release code's model and processor on the same release (FP32, as the CPU engine runs)."""
+    return reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
+
+
+def _original_answer(original: Any, reference: ModuleType, state: Any, files: list[bytes]) -> dict[str, Any]:
+    model, processor = original
+    images = [Image.open(io.BytesIO(data)) for data in files]
+    return reference.systemone(
+        model, processor, {"model": MODEL_NAME, "state": state, "questions": QUESTIONS, "images": images}
+    )
+
+
+def _without_request_id(answer: dict[str, Any]) -> dict[str, Any]:
+    usage = {key: value for key, value in answer["usage"].items() if key != "state_truncated"}
+    return {"model": answer["model"], "answers": answer["answers"], "usage": usage}
+
+
+def test_sdk_image_is_answered_as_the_original_answers(server: Predictor, original: Any, reference: ModuleType) -> None:
+    import typesafe_sdk
+
+    with typesafe_sdk.TypeSafeClient(
+        base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300
+    ) as client:
+        photo, scan = typesafe_sdk.Image(PHOTO), typesafe_sdk.Image(SCAN)
+        response = client.system_one(
+            {"photo": photo, "label": ["scanned label", scan]},
+            {
+                "damaged": typesafe_sdk.Noul(instructions="Is the parcel damaged?"),
+                "kind": typesafe_sdk.Choice(criteria={"box": "a cardboard box", "envelope": None, "tube": None}),
+                "size": typesafe_sdk.Score(criteria=["small", "medium", "large"]),
+            },
+        )
+    # Keys render sorted: "label" (the scan) is image 1, "photo" image 2.
+    theirs = _original_answer(
+        original, reference, {"photo": "[image 2]", "label": ["scanned label", "[image 1]"]}, [SCAN, PHOTO]
+    )
+    assert response.usage.input_tokens == theirs["usage"]["input_tokens"]
+    answers = pydantic.TypeAdapter(dict[str, typesafe_sdk.Answer])
+    expected = answers.validate_json(json.dumps(theirs["answers"]))  # as the SDK reads a response
+    assert answers.dump_python(response.answers, mode="json") == answers.dump_python(expected, mode="json")
+
+
+def test_json_assets_and_images_are_answered_byte_for_byte(
+    server: Predictor, original: Any, reference: ModuleType
+) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "state": "Parcel <p> arrived; label attached.",
+        "questions": QUESTIONS,
+        "images": [f"data:image/jpeg;base64,{base64.b64encode(SCAN).decode()}"],
+        "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
+    }
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    theirs = _original_answer(original, reference, "Parcel [image 2] arrived; label attached.", [SCAN, PHOTO])
+    assert _without_request_id(response.json()) == theirs
+
+
+def test_two_images_of_one_size_are_not_confused_by_the_cache(server: Predictor) -> None:
+    answers = []
+    for seed in (5, 6, 5):
+        body = {
+            "model": MODEL_NAME,
+            "state": "x",
+            "questions": QUESTIONS,
+            "images": [base64.b64encode(image_file(64, 64, seed=seed)).decode()],
+        }
+        answers.append(httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300).json()["answers"])
+    assert answers[0] == answers[2] and answers[0] != answers[1]
+
+
+HOSTILE = [
+    ("bomb", {"images": [base64.b64encode(png_bomb()).decode()]}, 422, "images[0]"),
+    ("truncated", {"images": [base64.b64encode(truncated(image_file(300, 300))).decode()]}, 422, "images[0]"),
+    ("too many", {"images": [base64.b64encode(image_file(8, 8)).decode()] * 17}, 422, "images"),
+    ("unreferenced asset", {"assets": {"<q>": {"format": "png", "data_base64": "aGk="}}}, 422, "assets.<q>"),
+    ("box", {"questions": {"where": {"type": "box"}}}, 422, "questions.where.type"),
+]
+
+
+@pytest.mark.parametrize(("case", "fields", "status", "param"), HOSTILE, ids=[case[0] for case in HOSTILE])
+def test_hostile_images_are_refused_quickly(
+    server: Predictor, case: str, fields: dict[str, Any], status: int, param: str
+) -> None:
+    body = {"model": MODEL_NAME, "state": "x", "questions": QUESTIONS, **fields}
+    started = time.perf_counter()
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert time.perf_counter() - started < 0.5
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_multipart_parts_must_all_be_claimed(server: Predictor) -> None:
+    files = {"asset-0": ("asset-0", PHOTO, "image/png"), "asset-1": ("asset-1", SCAN, "image/jpeg")}
+    request = {"model": MODEL_NAME, "state": "<a>", "questions": QUESTIONS, "assets": {"<a>": {"part": "asset-0"}}}
+    response = httpx.post(
+        f"{server.url}/v1/systemone",
+        files={"request": (None, json.dumps(request), "application/json"), **files},
+        timeout=300,
+    )
+    assert response.status_code == 422 and response.json()["error"]["param"] == "assets"
+    assert "'asset-1' of the body is claimed by no asset" in response.json()["error"]["message"]
+
+
+def test_hostile_image_family_is_refused_and_the_server_unharmed(server: Predictor) -> None:
+    from reliability.hostile_images import run
+
+    result = run(server.url, MODEL_NAME, bound_s=0.5)
+    assert result["valid_request_unharmed"]
+    assert {name: case["status"] for name, case in result["cases"].items() if not case["ok"]} == {}
+
+
+def test_vision_with_the_vllm_engine_is_refused_at_start(tiny_release: Path) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "predictor", "--model-dir", str(tiny_release), "--engine", "vllm", "--vision"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2
+    assert "--vision needs --engine transformers" in done.stderr
