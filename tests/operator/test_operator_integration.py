@@ -235,7 +235,7 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
 async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) -> None:
     cluster = bare_cluster
     await seed_three_pools(cluster)
-    await cluster.create(DECISIONS.format(ns=NS), decision())
+    await cluster.create(DECISIONS.format(ns=NS), decision(backend="kserve"))
     async with running_operator() as operator:
         current = await eventually(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled")
@@ -251,6 +251,55 @@ async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) 
                 status(cluster), lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"
             )
         )
+
+
+async def names(cluster: Cluster, path: str) -> list[str]:
+    """Names of the objects of a collection."""
+    return sorted(item["metadata"]["name"] for item in await cluster.items(path))
+
+
+async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_up(bare_cluster: Cluster) -> None:
+    cluster = bare_cluster
+    deployments, services = f"/apis/apps/v1/namespaces/{NS}/deployments", f"/api/v1/namespaces/{NS}/services"
+    await seed_three_pools(cluster)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    served = ["clef-h100-pool", "clef-l4-pool"]
+    async with running_operator():
+        # No InferenceService resource: the deployment backend, a Deployment and a Service per eligible pool.
+        await eventually(lambda: _equals(names(cluster, deployments), served))
+        await eventually(lambda: _equals(names(cluster, services), served))
+        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
+        assert {pool["name"]: pool.get("deployment") for pool in current["pools"] if pool["eligible"]} == {
+            "h100-pool": "clef-h100-pool",
+            "l4-pool": "clef-l4-pool",
+        }
+        for name in served:  # the Deployment controller's report: every replica available
+            live = await cluster.get(f"{deployments}/{name}")
+            await cluster.merge(
+                f"{deployments}/{name}/status",
+                {
+                    "status": {
+                        "observedGeneration": live["metadata"]["generation"],
+                        "replicas": 1,
+                        "updatedReplicas": 1,
+                        "availableReplicas": 1,
+                    }
+                },
+            )
+        ready = await eventually(
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True")
+        )
+        assert condition(ready, "PredictorsReady")["message"] == "2/2 Deployments ready"
+        assert {pool.get("url") for pool in ready["pools"] if pool["eligible"]} == {
+            f"http://{name}.{NS}.svc" for name in served
+        }
+        # KServe arrives and the spec asks for it: InferenceServices replace the Deployments and Services.
+        await cluster.install_kserve()
+        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"backend": "kserve"}})
+        await eventually(lambda: _equals(isvc_names(cluster), served))
+        await eventually(lambda: _equals(names(cluster, deployments), []))
+        await eventually(lambda: _equals(names(cluster, services), []))
+        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
 
 
 async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:
