@@ -115,6 +115,42 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
     assert pod["spec"]["nodeName"] == pool.node_name(1)
 
 
+def test_pool_emptied_and_refilled(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    """Every node of a two-node pool goes (scaled to zero), later two new ones join: as on the emulator the pool is
+    Degraded (NoNodes) with its InferenceService kept and unchanged, the ClefDecision is not Ready meanwhile, and
+    with the new nodes the same InferenceService serves again, its pods rescheduled onto them."""
+    pool = hopper("refill")
+    first, second = [pool.node_name(i) for i in (0, 1)], [pool.node_name(i) for i in (2, 3)]
+    kube.apply(*(pool.node(i) for i in (0, 1)))
+    nodes_to_remove.extend([*first, *second])
+    start(kube, "life-refill", ["refill"], poolOverrides=[{"name": "refill", "replicas": 2}])
+    wait_serving(kube, "life-refill", "refill")
+    isvc = kube.get("inferenceservice", "life-refill-refill", "life-refill")
+    remove_nodes(kube, *first)
+    degraded = eventually(
+        lambda: (e := pool_status(get_decision(kube, "life-refill")).get("refill")) and e["state"] == "Degraded" and e,
+        "the emptied pool to be Degraded",
+    )
+    assert degraded["reason"] == "NoNodes" and degraded["inferenceService"] == "life-refill-refill", degraded
+    assert degraded["nodes"] == 0 and "removalAt" in degraded
+    ready = condition(get_decision(kube, "life-refill"), "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "PoolsDegraded", ready
+    kube.apply(*(pool.node(i) for i in (2, 3)))
+
+    def serving_on_new_nodes() -> bool:
+        pods = pods_of(kube, "life-refill-refill", "life-refill")
+        placed = len(pods) == 2 and all(pod_ready(p) and p["spec"].get("nodeName") in second for p in pods)
+        return placed and is_ready(get_decision(kube, "life-refill"))
+
+    # The pods bound to the deleted nodes go through the pod garbage collector first (tens of seconds).
+    eventually(serving_on_new_nodes, "two Ready pods on the new nodes and the ClefDecision Ready", timeout=180)
+    entry = pool_status(get_decision(kube, "life-refill"))["refill"]
+    assert entry["state"] == "Serving" and entry["nodes"] == 2 and "removalAt" not in entry
+    after = kube.get("inferenceservice", "life-refill-refill", "life-refill")
+    assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
+    assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
+
+
 def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
     pools = [hopper(f"kill-{i}") for i in range(3)]
     for pool in pools:

@@ -261,14 +261,39 @@ async def names(cluster: Cluster, path: str) -> list[str]:
 async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_up(bare_cluster: Cluster) -> None:
     cluster = bare_cluster
     deployments, services = f"/apis/apps/v1/namespaces/{NS}/deployments", f"/api/v1/namespaces/{NS}/services"
+    hpas = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
+    decision_path = f"{DECISIONS.format(ns=NS)}/{DECISION}"
     await seed_three_pools(cluster)
+    # Someone else's Deployment holds the L4 pool's name.
+    foreign = {"matchLabels": {"app": "someone-else"}}
+    await cluster.create(
+        deployments,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "clef-l4-pool", "namespace": NS},
+            "spec": {"selector": foreign, "template": {"metadata": {"labels": foreign["matchLabels"]}}},
+        },
+    )
     await cluster.create(DECISIONS.format(ns=NS), decision())
     served = ["clef-h100-pool", "clef-l4-pool"]
     async with running_operator():
         # No InferenceService resource: the deployment backend, a Deployment and a Service per eligible pool.
+        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
+        l4 = await eventually(
+            lambda: _when(status(cluster), lambda s: any(p.get("state") == "Conflict" for p in s.get("pools", [])))
+        )
+        conflict = next(p for p in l4["pools"] if p["name"] == "l4-pool")
+        assert (
+            conflict["predictorReason"] == "NameTaken"
+            and "a Deployment named clef-l4-pool" in conflict["predictorMessage"]
+        )
+        await cluster.delete(f"{deployments}/clef-l4-pool")
         await eventually(lambda: _equals(names(cluster, deployments), served))
         await eventually(lambda: _equals(names(cluster, services), served))
-        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
+        current = await eventually(
+            lambda: _when(status(cluster), lambda s: all(p.get("state") != "Conflict" for p in s.get("pools", [])))
+        )
         assert {pool["name"]: pool.get("deployment") for pool in current["pools"] if pool["eligible"]} == {
             "h100-pool": "clef-h100-pool",
             "l4-pool": "clef-l4-pool",
@@ -293,9 +318,23 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
         assert {pool.get("url") for pool in ready["pools"] if pool["eligible"]} == {
             f"http://{name}.{NS}.svc" for name in served
         }
+        # Autoscaling: an autoscaler per pool, changed with the spec; a hand-edited Service is put back.
+        await cluster.merge(decision_path, {"spec": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}})
+        await eventually(lambda: _equals(names(cluster, hpas), served))
+        await cluster.merge(f"{services}/clef-l4-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
+        await cluster.merge(decision_path, {"spec": {"autoscaling": {"maxReplicas": 3}}})
+
+        async def repaired() -> bool:
+            autoscalers = await cluster.items(hpas)
+            service = await cluster.get(f"{services}/clef-l4-pool")
+            return all(h["spec"]["maxReplicas"] == 3 for h in autoscalers) and service["spec"]["ports"][0]["port"] == 80
+
+        await eventually(repaired)
+        await cluster.merge(decision_path, {"spec": {"autoscaling": None}})
+        await eventually(lambda: _equals(names(cluster, hpas), []))
         # KServe arrives and the spec asks for it: InferenceServices replace the Deployments and Services.
         await cluster.install_kserve()
-        await cluster.merge(f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"backend": "kserve"}})
+        await cluster.merge(decision_path, {"spec": {"backend": "kserve"}})
         await eventually(lambda: _equals(isvc_names(cluster), served))
         await eventually(lambda: _equals(names(cluster, deployments), []))
         await eventually(lambda: _equals(names(cluster, services), []))
