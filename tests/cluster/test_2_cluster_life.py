@@ -64,6 +64,18 @@ def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
     return pool_status(get_decision(kube, name))[pool]
 
 
+def serving_pool(kube: Kube, nodes_to_remove: list[str], name: str, pool_name: str, **spec: Any) -> GpuPool:
+    """One Hopper node in a pool of its own, and a ClefDecision ``name`` (in a namespace of that name) serving it
+    with ``spec``'s fields; returns once the pool's predictor runs Ready on the node. The node is removed after the
+    test."""
+    pool = hopper(pool_name)
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, name, [pool_name], **spec)
+    wait_serving(kube, name, pool_name)
+    return pool
+
+
 def remove_nodes(kube: Kube, *names: str) -> None:
     kube.run("delete", "node", *names, "--ignore-not-found", "--wait=true")
 
@@ -169,11 +181,7 @@ def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
 
 
 def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
-    pool = hopper("edited")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-edit", ["edited"])
-    wait_serving(kube, "life-edit", "edited")
+    serving_pool(kube, nodes_to_remove, "life-edit", "edited")
     name = "life-edit-edited"
     kube.run(
         "patch",
@@ -203,11 +211,7 @@ def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: 
 def test_a_crashing_predictor_makes_the_decision_not_ready(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    pool = hopper("crash")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-crash", ["crash"])
-    wait_serving(kube, "life-crash", "crash")
+    serving_pool(kube, nodes_to_remove, "life-crash", "crash")
     (pod,) = pods_of(kube, "life-crash-crash", "life-crash")
     crash_pod(kube.cluster, "life-crash", pod["metadata"]["name"])
 
@@ -227,11 +231,7 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(
 def test_decision_deleted_while_the_operator_is_down(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    pool = hopper("orphan")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-down", ["orphan"])
-    wait_serving(kube, "life-down", "orphan")
+    serving_pool(kube, nodes_to_remove, "life-down", "orphan")
     operator.stop()
     try:
         kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=30s")
@@ -245,11 +245,7 @@ def test_decision_deleted_while_the_operator_is_down(
 
 
 def test_namespace_deletion_removes_everything(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
-    pool = hopper("nsdel")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-nsdel", ["nsdel"])
-    wait_serving(kube, "life-nsdel", "nsdel")
+    pool = serving_pool(kube, nodes_to_remove, "life-nsdel", "nsdel")
     kube.run("delete", "namespace", "life-nsdel", "--wait=true", "--timeout=90s")
     assert kube.get("namespace", "life-nsdel") is None
     assert not [p for p in kube.get("pods") if p["spec"].get("nodeName") == pool.node_name(0)]

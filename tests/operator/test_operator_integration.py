@@ -319,8 +319,15 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
             f"http://{name}.{NS}.svc" for name in served
         }
         # Autoscaling: an autoscaler per pool, changed with the spec; a hand-edited Service is put back.
-        await cluster.merge(decision_path, {"spec": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}})
+        autoscaling = {"minReplicas": 1, "maxReplicas": 2}
+        await cluster.merge(decision_path, {"spec": {"autoscaling": autoscaling, "predictor": {"maxModelLen": 4096}}})
         await eventually(lambda: _equals(names(cluster, hpas), served))
+
+        async def updated() -> bool:
+            pods = [d["spec"]["template"]["spec"] for d in await cluster.items(deployments)]
+            return all("--max-model-len=4096" in pod["containers"][0]["args"] for pod in pods)
+
+        await eventually(updated)
         await cluster.merge(f"{services}/clef-l4-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
         await cluster.merge(decision_path, {"spec": {"autoscaling": {"maxReplicas": 3}}})
 
