@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_operator.constants import DECISION_LABEL, GROUP, KSERVE_GROUP, PLURAL, VERSION
 from clef_operator.resources import Resource
 
+CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -121,15 +122,29 @@ class KubeApi:
         return self._client.response_deserialize(response, {"2XX": "object"}).data
 
     async def served(self, resource: Resource) -> bool:
-        """Whether the API server serves ``resource`` (API discovery); ApiError when it cannot tell now."""
+        """Whether the API server serves a custom ``resource``: API discovery lists it. Not served only when
+        discovery does not list it and no CustomResourceDefinition of that name exists either (an API server
+        that has just started may leave a CRD's group out of discovery for a moment); ApiError when it cannot
+        tell now."""
         action = f"discovering {resource.group_path}"
         try:
             found = await self._call(action, self._send, "GET", resource.group_path)
         except ApiException as exc:
-            if exc.status == 404:
-                return False
+            if exc.status != 404:
+                raise ApiError(action, exc.status, _reason(exc)) from exc
+            found = None
+        if any(item.get("name") == resource.plural for item in (found or {}).get("resources") or []):
+            return True
+        crd = f"{resource.plural}.{resource.group}"
+        try:
+            crds = await self._call(
+                action, self._send, "GET", CRDS_PATH, query=[("fieldSelector", f"metadata.name={crd}")]
+            )
+        except ApiException as exc:
             raise ApiError(action, exc.status, _reason(exc)) from exc
-        return any(item.get("name") == resource.plural for item in (found or {}).get("resources") or [])
+        if any(item["metadata"]["name"] == crd for item in crds.get("items") or []):
+            raise ApiError(action, None, f"the CustomResourceDefinition {crd} exists but discovery does not list it")
+        return False
 
     async def list_labelled(
         self, resource: Resource, namespace: str, decision_label: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from tests.operator.harness import (
     DECISIONS,
     ISVCS,
+    KSERVE_CRD,
     NODES,
     Cluster,
     documented_rbac,
@@ -346,6 +348,24 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
         await eventually(lambda: _equals(names(cluster, deployments), []))
         await eventually(lambda: _equals(names(cluster, services), []))
         await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+
+
+async def test_a_crd_discovery_does_not_list_yet_decides_nothing(bare_cluster: Cluster) -> None:
+    """KServe's CRD exists but discovery leaves it out (as just after an API server start): no backend is chosen
+    and nothing is created until discovery lists it; then the InferenceServices come."""
+    cluster = bare_cluster
+    await seed_three_pools(cluster)
+    await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", KSERVE_CRD)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    deployments = f"/apis/apps/v1/namespaces/{NS}/deployments"
+    async with running_operator():
+        await asyncio.sleep(2.0)  # several passes with backoff (CLEF_RETRY_BASE_SECONDS=0.2)
+        assert "backend" not in await status(cluster)
+        assert await names(cluster, deployments) == []
+        cluster.emulator.add_crd(KSERVE_CRD)
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+        assert await names(cluster, deployments) == []
 
 
 async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:
