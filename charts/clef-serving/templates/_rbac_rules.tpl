@@ -4,7 +4,8 @@
 - apiGroups: [""]
   resources: [nodes]
   verbs: [list, watch]
-# kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs.
+# kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs; the operator: confirm that no
+# InferenceService CRD exists before it chooses the deployment backend.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
