@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 import kopf
 
+from clef_operator.constants import AUTO_BACKEND, BACKENDS
+from clef_operator.workloads import DEFAULT_STORAGE_INITIALIZER_IMAGE
+
 DEFAULT_PEERING = "clef-operator"
 
 
@@ -56,6 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="let ClefDecisions put their compile cache on a hostPath under DIR (repeatable; "
         "absolute; default: hostPath caches are refused)",
     )
+    parser.add_argument(
+        "--default-backend",
+        choices=[AUTO_BACKEND, *BACKENDS],
+        default=AUTO_BACKEND,
+        help="the backend of ClefDecisions without spec.backend; auto (the default): kserve where the cluster "
+        "serves InferenceServices, else deployment (decided once per ClefDecision)",
+    )
+    parser.add_argument(
+        "--storage-initializer-image",
+        default=DEFAULT_STORAGE_INITIALIZER_IMAGE,
+        metavar="IMAGE",
+        help="the deployment backend's init container that fetches hf://, s3:// and gs:// releases "
+        f"(default {DEFAULT_STORAGE_INITIALIZER_IMAGE}, KServe's own)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
     return parser
@@ -74,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     memo = kopf.Memo()
     memo.clef = OperatorState(
-        policy=Policy(host_path_prefixes=tuple(os.path.normpath(prefix) for prefix in args.allow_host_path_prefix))
+        policy=Policy(
+            host_path_prefixes=tuple(os.path.normpath(prefix) for prefix in args.allow_host_path_prefix),
+            default_backend=args.default_backend,
+            storage_initializer_image=args.storage_initializer_image,
+        )
     )
 
     kopf.configure(verbose=args.verbose, debug=args.debug)

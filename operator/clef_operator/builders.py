@@ -103,23 +103,18 @@ def build_resources(spec: ClefDecisionSpec, gpus: int) -> dict[str, dict[str, st
     return {"requests": requests, "limits": limits}
 
 
-def build_pod_security_context(spec: ClefDecisionSpec) -> dict[str, Any] | None:
-    """The pod's securityContext: the predictor image's group as fsGroup, so the compile cache is writable.
-
-    The kubelet gives the volumes it manages (emptyDir, claims whose volume plugin supports it; never
-    hostPath) group ``PREDICTOR_GID`` with group write, and adds that group to every container's process.
-    ``OnRootMismatch`` skips the recursive ownership change when the volume's root already matches, which
-    keeps a large shared cache from being walked at every start. None in Knative mode: Knative Serving
-    rejects a pod securityContext unless its ``kubernetes.podspec-securitycontext`` feature is enabled.
-    """
-    if spec.deploymentMode == "Knative":
-        return None
-    return {
-        "fsGroup": PREDICTOR_GID,
-        "fsGroupChangePolicy": "OnRootMismatch",
-        "runAsNonRoot": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+# The pod's securityContext: the predictor image's group as fsGroup, so the compile cache is writable. The kubelet
+# gives the volumes it manages (emptyDir, claims whose volume plugin supports it; never hostPath) group
+# PREDICTOR_GID with group write, and adds that group to every container's process. OnRootMismatch skips the
+# recursive ownership change when the volume's root already matches, which keeps a large shared cache from being
+# walked at every start. Not in KServe's Knative mode: Knative Serving rejects a pod securityContext unless its
+# kubernetes.podspec-securitycontext feature is enabled.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "fsGroup": PREDICTOR_GID,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def build_predictor_container(spec: ClefDecisionSpec, gpus: int, variant: Variant | None = None) -> dict[str, Any]:
@@ -223,6 +218,56 @@ def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict
 REPLACE_WITHOUT_SURGE: dict[str, Any] = {"type": "Recreate"}
 
 
+def predictor_labels(decision: str, pool: NodePool) -> dict[str, str]:
+    """The labels of a pool's serving objects and of their pods."""
+    return {
+        "app.kubernetes.io/name": "clef-predictor",
+        "app.kubernetes.io/instance": decision,
+        "app.kubernetes.io/part-of": "clef-serving",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        DECISION_LABEL: label_value(decision),
+        POOL_LABEL: label_value(pool.name),
+    }
+
+
+def pool_annotations(pool: NodePool, variant: Variant) -> dict[str, str]:
+    """The annotations naming the pool (and its label key) and the release a serving object is for."""
+    return {
+        POOL_ANNOTATION: pool.name,
+        POOL_LABEL_KEY_ANNOTATION: pool.label_key,
+        VARIANT_ANNOTATION: variant.quantization,
+    }
+
+
+def build_pod_spec(
+    spec: ClefDecisionSpec, pool: NodePool, variant: Variant, verified: bool, *, security_context: bool
+) -> dict[str, Any]:
+    """The predictor pod's fields, the same for every backend: the contract's container and volumes, pinned to
+    the pool (and, ``verified``, to nodes able to run ``variant``), with the spec's scheduling and identity.
+
+    ``security_context``: add POD_SECURITY_CONTEXT.
+    """
+    pod: dict[str, Any] = {
+        "nodeSelector": {pool.label_key: pool.name},
+        "containers": [build_predictor_container(spec, spec.gpus_for(pool.name), variant)],
+        "volumes": build_volumes(spec),
+    }
+    affinity = build_affinity(spec, variant, verified)
+    if affinity:
+        pod["affinity"] = affinity
+    if spec.tolerations:
+        pod["tolerations"] = [toleration.model_dump(exclude_none=True) for toleration in spec.tolerations]
+    if spec.serviceAccountName:
+        pod["serviceAccountName"] = spec.serviceAccountName
+    if spec.imagePullSecrets:
+        pod["imagePullSecrets"] = [secret.model_dump() for secret in spec.imagePullSecrets]
+    if spec.priorityClassName:
+        pod["priorityClassName"] = spec.priorityClassName
+    if security_context:
+        pod["securityContext"] = copy.deepcopy(POD_SECURITY_CONTEXT)
+    return pod
+
+
 def build_inferenceservice(
     *,
     decision: str,
@@ -239,48 +284,22 @@ def build_inferenceservice(
     nodes that can run the release.
     """
     chosen = variant or spec.variants[0]
-    gpus = spec.gpus_for(pool.name)
     low, high = spec.replicas_for(pool.name)
     isvc_name = name or inferenceservice_name(decision, pool.name)
     annotations = {
         KSERVE_DEPLOYMENT_MODE_ANNOTATION: spec.deploymentMode,
-        POOL_ANNOTATION: pool.name,
-        POOL_LABEL_KEY_ANNOTATION: pool.label_key,
-        VARIANT_ANNOTATION: chosen.quantization,
+        **pool_annotations(pool, chosen),
     }
     if spec.autoscaling is not None and spec.autoscaling.keda is not None:
         annotations[KSERVE_AUTOSCALER_ANNOTATION] = "keda"
-    labels = {
-        "app.kubernetes.io/name": "clef-predictor",
-        "app.kubernetes.io/instance": decision,
-        "app.kubernetes.io/part-of": "clef-serving",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        DECISION_LABEL: label_value(decision),
-        POOL_LABEL: label_value(pool.name),
-    }
+    labels = predictor_labels(decision, pool)
     predictor: dict[str, Any] = {
         "labels": dict(labels),  # on the pods too: the chart's NetworkPolicy selects them by name
         "minReplicas": low,
         "maxReplicas": high,
         **build_autoscaling(spec, namespace, isvc_name),
-        "nodeSelector": {pool.label_key: pool.name},
-        "containers": [build_predictor_container(spec, gpus, chosen)],
-        "volumes": build_volumes(spec),
+        **build_pod_spec(spec, pool, chosen, verified, security_context=spec.deploymentMode != "Knative"),
     }
-    affinity = build_affinity(spec, chosen, verified)
-    if affinity:
-        predictor["affinity"] = affinity
-    if spec.tolerations:
-        predictor["tolerations"] = [toleration.model_dump(exclude_none=True) for toleration in spec.tolerations]
-    if spec.serviceAccountName:
-        predictor["serviceAccountName"] = spec.serviceAccountName
-    if spec.imagePullSecrets:
-        predictor["imagePullSecrets"] = [secret.model_dump() for secret in spec.imagePullSecrets]
-    if spec.priorityClassName:
-        predictor["priorityClassName"] = spec.priorityClassName
-    security_context = build_pod_security_context(spec)
-    if security_context is not None:
-        predictor["securityContext"] = security_context
     if spec.deploymentMode == "Standard":
         predictor["deploymentStrategy"] = REPLACE_WITHOUT_SURGE
     return {
@@ -319,11 +338,15 @@ def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     )
 
 
-def build_update_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
+def build_update_patch(
+    current: Mapping[str, Any], desired: Mapping[str, Any], *, whole_spec: bool = True
+) -> list[dict[str, Any]]:
     """A JSON patch turning ``current`` into ``desired`` for managed fields; guarded by resourceVersion.
 
-    The whole ``spec`` is replaced (KServe's mutating webhook re-applies its defaults on update);
-    labels and annotations are merged so that keys added by others survive.
+    ``whole_spec``: the whole ``spec`` is replaced (KServe's mutating webhook re-applies its defaults on
+    update); otherwise each top-level key of the desired spec is, so that fields the operator leaves to others
+    keep their values (a Deployment's replicas under an autoscaler, a Service's cluster IP). Labels and
+    annotations are merged so that keys added by others survive.
     """
     meta = current.get("metadata", {})
     labels = {**(meta.get("labels") or {}), **desired["metadata"].get("labels", {})}
@@ -335,6 +358,9 @@ def build_update_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -
         {"op": "add", "path": "/metadata/labels", "value": labels},
         {"op": "add", "path": "/metadata/annotations", "value": annotations},
         {"op": "add", "path": "/metadata/ownerReferences", "value": desired["metadata"].get("ownerReferences", [])},
-        {"op": "add", "path": "/spec", "value": desired["spec"]},
     ]
+    if whole_spec:
+        ops.append({"op": "add", "path": "/spec", "value": desired["spec"]})
+    else:
+        ops += [{"op": "add", "path": f"/spec/{key}", "value": value} for key, value in desired["spec"].items()]
     return ops

@@ -17,9 +17,16 @@ KSERVE_API_VERSION = f"{KSERVE_GROUP}/{KSERVE_VERSION}"
 KSERVE_DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 KSERVE_AUTOSCALER_ANNOTATION = "serving.kserve.io/autoscalerClass"
 
-# Labels and annotations the operator puts on the InferenceServices it owns.
+# The backends that serve a ClefDecision's pools (spec.backend): KServe InferenceServices, or plain Deployments.
+KSERVE_BACKEND = "kserve"
+DEPLOYMENT_BACKEND = "deployment"
+BACKENDS: tuple[str, ...] = (KSERVE_BACKEND, DEPLOYMENT_BACKEND)
+AUTO_BACKEND = "auto"  # --default-backend: kserve where the InferenceService resource is served, else deployment
+
+# Labels and annotations the operator puts on the objects it owns.
 DECISION_LABEL = f"{GROUP}/decision"
 POOL_LABEL = f"{GROUP}/pool"
+PREDICTOR_LABEL = f"{GROUP}/predictor"  # the deployment backend's pods: the name of their Deployment
 POOL_ANNOTATION = f"{GROUP}/pool"
 POOL_LABEL_KEY_ANNOTATION = f"{GROUP}/pool-label-key"
 VARIANT_ANNOTATION = f"{GROUP}/variant"

@@ -1,8 +1,8 @@
 """Thin kopf handlers: they pick the trigger, call reconcile(), write the status and post events.
 
 Triggers: a ClefDecision is created, changed or found at start-up; a change in what the GPU nodes say about
-pools; any change to an owned InferenceService (readiness, URL, hand edits) or the deletion of an
-InferenceService whose name a ClefDecision waits for; and the operator's own scheduler, which retries failed
+pools; any change to an owned InferenceService or Deployment (readiness, URL, hand edits) or the deletion of
+one whose name a ClefDecision waits for; and the operator's own scheduler, which retries failed
 passes with backoff, wakes up when a removal grace period ends, and resyncs every ClefDecision periodically.
 The scheduler is one operator-wide task fed from kopf's indices, not a per-object timer or daemon, so kopf
 puts no finalizer on ClefDecisions: deleting one never waits for the operator.
@@ -36,6 +36,7 @@ from clef_operator.diffbase import DigestDiffBaseStorage
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
 from clef_operator.reconcile import Event, Outcome, Policy, reconcile
+from clef_operator.resources import DEPLOYMENTS
 from clef_operator.watch_healing import install as install_watch_healing
 from clef_operator.watch_healing import stale_streams
 
@@ -423,7 +424,35 @@ async def node_changed(memo: kopf.Memo, **kwargs: Any) -> None:
 async def inferenceservice_changed(
     body: kopf.Body, namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """Schedule a pass of the owner of a changed InferenceService (readiness, URL, hand edits are repaired;
+    """A changed InferenceService (the kserve backend): see child_changed."""
+    child_changed(body, namespace, name, type, memo, gpu_nodes, decisions)
+
+
+@kopf.on.event(DEPLOYMENTS.group, DEPLOYMENTS.version, DEPLOYMENTS.plural)
+async def deployment_changed(
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    type: str | None,
+    memo: kopf.Memo,
+    gpu_nodes: kopf.Index[str, GpuNode],
+    decisions: kopf.Index[Key, dict[str, Any]],
+    **_: Any,
+) -> None:
+    """A changed Deployment (the deployment backend; a Deployment holding a wanted name): see child_changed."""
+    child_changed(body, namespace, name, type, memo, gpu_nodes, decisions)
+
+
+def child_changed(
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    type: str | None,
+    memo: kopf.Memo,
+    gpu_nodes: kopf.Index[str, GpuNode],
+    decisions: kopf.Index[Key, dict[str, Any]],
+) -> None:
+    """Schedule a pass of the owner of a changed serving object (readiness, URL, hand edits are repaired;
     events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
     one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
     state = _state(memo)

@@ -18,16 +18,10 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator.constants import (
-    DECISION_LABEL,
-    GROUP,
-    KSERVE_GROUP,
-    KSERVE_PLURAL,
-    KSERVE_VERSION,
-    PLURAL,
-    VERSION,
-)
+from clef_operator.constants import DECISION_LABEL, GROUP, KSERVE_GROUP, PLURAL, VERSION
+from clef_operator.resources import Resource
 
+CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -85,10 +79,11 @@ REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
 
 
 class KubeApi:
-    """InferenceService and ClefDecision-status calls, async over the synchronous official client."""
+    """Calls on the objects the operator writes and on ClefDecision statuses, async over the official client."""
 
     def __init__(self, configuration: kubernetes.client.Configuration) -> None:
-        self._custom = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(configuration))
+        self._client = kubernetes.client.ApiClient(configuration)
+        self._custom = kubernetes.client.CustomObjectsApi(self._client)
 
     async def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         """One client call in a thread, bounded by REQUEST_TIMEOUT; transport failures become ApiError."""
@@ -99,90 +94,133 @@ class KubeApi:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(action, None, f"{type(exc).__name__}: {exc}") from exc
 
-    async def list_inferenceservices(self, namespace: str, decision_label: str) -> list[dict[str, Any]]:
-        """InferenceServices in ``namespace`` labelled as belonging to a ClefDecision."""
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        _request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> Any:
+        """One request through the client's public request API; the decoded JSON answer (ApiException on a
+        non-2xx answer)."""
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        request = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*request, _request_timeout=_request_timeout)
+        response.read()
+        return self._client.response_deserialize(response, {"2XX": "object"}).data
+
+    async def served(self, resource: Resource) -> bool:
+        """Whether the API server serves a custom ``resource``: API discovery lists it. Not served only when
+        discovery does not list it and no CustomResourceDefinition of that name exists either (an API server
+        that has just started may leave a CRD's group out of discovery for a moment); ApiError when it cannot
+        tell now."""
+        action = f"discovering {resource.group_path}"
+        try:
+            found = await self._call(action, self._send, "GET", resource.group_path)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ApiError(action, exc.status, _reason(exc)) from exc
+            found = None
+        if any(item.get("name") == resource.plural for item in (found or {}).get("resources") or []):
+            return True
+        crd = f"{resource.plural}.{resource.group}"
+        try:
+            crds = await self._call(
+                action, self._send, "GET", CRDS_PATH, query=[("fieldSelector", f"metadata.name={crd}")]
+            )
+        except ApiException as exc:
+            raise ApiError(action, exc.status, _reason(exc)) from exc
+        if any(item["metadata"]["name"] == crd for item in crds.get("items") or []):
+            raise ApiError(action, None, f"the CustomResourceDefinition {crd} exists but discovery does not list it")
+        return False
+
+    async def list_labelled(
+        self, resource: Resource, namespace: str, decision_label: str
+    ) -> list[dict[str, Any]] | None:
+        """Objects in ``namespace`` labelled as belonging to a ClefDecision; None when ``resource`` is not served."""
+        action = f"listing {resource.plural}"
         try:
             result = await self._call(
-                "listing InferenceServices",
-                self._custom.list_namespaced_custom_object,
-                KSERVE_GROUP,
-                KSERVE_VERSION,
-                namespace,
-                KSERVE_PLURAL,
-                label_selector=f"{DECISION_LABEL}={decision_label}",
+                action,
+                self._send,
+                "GET",
+                resource.path(namespace),
+                query=[("labelSelector", f"{DECISION_LABEL}={decision_label}")],
             )
         except ApiException as exc:
             if exc.status == 404:
-                raise KServeNotInstalledError(str(exc.reason)) from exc
-            raise ApiError("listing InferenceServices", exc.status, _reason(exc)) from exc
+                return None
+            raise ApiError(action, exc.status, _reason(exc)) from exc
         return list(result.get("items", []))
 
-    async def get_inferenceservice(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """One InferenceService, or None when there is none of that name."""
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None when there is none of that name."""
         try:
-            return await self._call(
-                f"reading {name}",
-                self._custom.get_namespaced_custom_object,
-                KSERVE_GROUP,
-                KSERVE_VERSION,
-                namespace,
-                KSERVE_PLURAL,
-                name,
+            found: dict[str, Any] = await self._call(
+                f"reading {name}", self._send, "GET", resource.path(namespace, name)
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise ApiError(f"reading {name}", exc.status, _reason(exc)) from exc
+        return found
 
-    async def create_inferenceservice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create an InferenceService; ConflictError when the name is taken, ApiError when refused."""
+    async def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an object; ConflictError when the name is taken, KServeNotInstalledError when KServe's
+        resource is not served, ApiError when refused."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            return await self._call(
-                f"creating {name}",
-                self._custom.create_namespaced_custom_object,
-                KSERVE_GROUP,
-                KSERVE_VERSION,
-                namespace,
-                KSERVE_PLURAL,
-                dict(body),
+            created: dict[str, Any] = await self._call(
+                f"creating {name}", self._send, "POST", resource.path(namespace), body=dict(body)
             )
         except ApiException as exc:
-            _raise_translated(exc, not_found=KServeNotInstalledError)
+            if exc.status == 404 and resource.group == KSERVE_GROUP:
+                raise KServeNotInstalledError(str(exc.reason)) from exc
+            _raise_translated(exc)
             raise ApiError(f"creating {name}", exc.status, _reason(exc)) from exc
+        return created
 
-    async def patch_inferenceservice(
-        self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]
+    async def patch(
+        self, resource: Resource, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]:
-        """Apply a JSON patch to an InferenceService; ConflictError when its resourceVersion moved."""
+        """Apply a JSON patch to an object; ConflictError when its resourceVersion moved or it is gone."""
         try:
-            return await self._call(
+            patched: dict[str, Any] = await self._call(
                 f"updating {name}",
-                self._custom.patch_namespaced_custom_object,
-                KSERVE_GROUP,
-                KSERVE_VERSION,
-                namespace,
-                KSERVE_PLURAL,
-                name,
-                list(ops),
-                _content_type=JSON_PATCH,
+                self._send,
+                "PATCH",
+                resource.path(namespace, name),
+                body=list(ops),
+                content_type=JSON_PATCH,
             )
         except ApiException as exc:
-            _raise_translated(exc, not_found=ConflictError)
+            if exc.status == 404:
+                raise ConflictError(f"{name} is gone") from exc
+            _raise_translated(exc)
             raise ApiError(f"updating {name}", exc.status, _reason(exc)) from exc
+        return patched
 
-    async def delete_inferenceservice(self, namespace: str, name: str) -> None:
-        """Delete an InferenceService (already gone is fine)."""
+    async def delete(self, resource: Resource, namespace: str, name: str) -> None:
+        """Delete an object, its dependents in the background (already gone is fine)."""
         try:
             await self._call(
                 f"deleting {name}",
-                self._custom.delete_namespaced_custom_object,
-                KSERVE_GROUP,
-                KSERVE_VERSION,
-                namespace,
-                KSERVE_PLURAL,
-                name,
-                propagation_policy="Background",
+                self._send,
+                "DELETE",
+                resource.path(namespace, name),
+                query=[("propagationPolicy", "Background")],
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -216,11 +254,9 @@ def _reason(exc: ApiException) -> str:
     return str(message or exc.reason or "unknown error")
 
 
-def _raise_translated(exc: ApiException, *, not_found: type[RuntimeError]) -> None:
-    """Turn races into ConflictError and a missing resource into ``not_found``; leave the rest as is."""
+def _raise_translated(exc: ApiException) -> None:
+    """Turn races (409, a failed resourceVersion test) into ConflictError; leave the rest as is."""
     body = str(exc.body or "").lower()
     lost_race = exc.status == 409 or (exc.status == 422 and "test failed" in body)
     if lost_race:
         raise ConflictError(f"{exc.status} {exc.reason}") from exc
-    if exc.status == 404:
-        raise not_found(str(exc.reason)) from exc

@@ -1,9 +1,12 @@
 """One level-triggered, idempotent reconciliation of a ClefDecision.
 
-Reads the GPU nodes and the InferenceServices the ClefDecision owns, creates, repairs and (after the removal
-grace period) deletes InferenceServices so that every eligible pool has exactly one, and returns the status
-to write, the events to post and when to look again. The builders decide what the objects look like; this
-module only compares and calls. A failure on one pool is recorded on that pool; the others still converge.
+Reads the GPU nodes and the serving objects the ClefDecision owns, creates, repairs and (after the removal
+grace period) deletes them so that every eligible pool has exactly one predictor, and returns the status to
+write, the events to post and when to look again. A pool's predictor is a KServe InferenceService (backend
+``kserve``) or a Deployment with its Service and, when autoscaled, its HorizontalPodAutoscaler (backend
+``deployment``); the objects of the backend not chosen are deleted once the choice is certain. The builders
+decide what the objects look like; this module only compares and calls. A failure on one pool is recorded on
+that pool; the others still converge.
 """
 
 from __future__ import annotations
@@ -15,8 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clef_operator.builders import assign_names, build_inferenceservice, build_update_patch, drifted, label_value
-from clef_operator.constants import API_VERSION, KIND, POOL_ANNOTATION, POOL_LABEL_KEY_ANNOTATION
-from clef_operator.kube import ApiError, ConflictError, KServeNotInstalledError, KubeApi
+from clef_operator.constants import (
+    API_VERSION,
+    AUTO_BACKEND,
+    BACKENDS,
+    DEPLOYMENT_BACKEND,
+    KIND,
+    KSERVE_BACKEND,
+    POOL_ANNOTATION,
+    POOL_LABEL_KEY_ANNOTATION,
+)
+from clef_operator.kube import ApiError, ConflictError, KubeApi
 from clef_operator.pools import (
     CHOSEN_BY_SPEC,
     NO_NODES,
@@ -27,6 +39,7 @@ from clef_operator.pools import (
     evaluate_pool,
     group_into_pools,
 )
+from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, INFERENCESERVICES, SERVICES, Resource
 from clef_operator.spec import ClefDecisionSpec, InvalidSpecError, check_host_path, parse_spec
 from clef_operator.status import (
     CONFLICT,
@@ -45,9 +58,22 @@ from clef_operator.status import (
     format_time,
     parse_time,
 )
+from clef_operator.workloads import (
+    DEFAULT_STORAGE_INITIALIZER_IMAGE,
+    UnsupportedOnBackendError,
+    build_autoscaler,
+    build_deployment,
+    build_service,
+)
 
 Adopter = Callable[[dict[str, Any]], None]
-# The largest InferenceService the operator sends: etcd stores objects up to 1.5 MiB, and KServe adds its
+# Each backend's object per pool, and the objects that go with it (same name, same owner).
+PRIMARY: dict[str, Resource] = {KSERVE_BACKEND: INFERENCESERVICES, DEPLOYMENT_BACKEND: DEPLOYMENTS}
+COMPANIONS: dict[str, tuple[Resource, ...]] = {
+    KSERVE_BACKEND: (),
+    DEPLOYMENT_BACKEND: (SERVICES, HORIZONTAL_POD_AUTOSCALERS),
+}
+# The largest serving object the operator sends: etcd stores objects up to 1.5 MiB, and KServe adds its
 # defaults and status to what the operator writes.
 MAX_INFERENCESERVICE_BYTES = 1024 * 1024
 
@@ -57,6 +83,8 @@ class Policy:
     """What the operator's own command line allows every ClefDecision."""
 
     host_path_prefixes: tuple[str, ...] = ()
+    default_backend: str = AUTO_BACKEND  # for ClefDecisions without spec.backend
+    storage_initializer_image: str = DEFAULT_STORAGE_INITIALIZER_IMAGE  # the deployment backend's release fetcher
 
 
 @dataclass(frozen=True)
@@ -78,7 +106,7 @@ class Outcome:
     kserve_missing: bool = False
     failed: bool = False
     requeue_after: float | None = None
-    conflicts: list[str] = field(default_factory=list)  # InferenceService names held by others
+    conflicts: list[str] = field(default_factory=list)  # serving-object names held by others
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -92,14 +120,15 @@ def _orphaned(obj: Mapping[str, Any]) -> bool:
 
 
 def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(label key, pool) an owned InferenceService serves, from its annotations (or its nodeSelector)."""
+    """(label key, pool) an owned serving object serves, from its annotations (or its pods' nodeSelector)."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     pool = annotations.get(POOL_ANNOTATION)
     key = annotations.get(POOL_LABEL_KEY_ANNOTATION)
     if key is None:
-        selector = ((obj.get("spec") or {}).get("predictor") or {}).get("nodeSelector") or {}
-        key = next(iter(selector), None)
+        spec = obj.get("spec") or {}
+        pod = spec.get("predictor") or ((spec.get("template") or {}).get("spec")) or {}
+        key = next(iter(pod.get("nodeSelector") or {}), None)
     return (key, pool) if key and pool else None
 
 
@@ -115,7 +144,12 @@ class _Pass:
     adopt: Adopter
     now: datetime.datetime
     previous: Mapping[tuple[str, str], Mapping[str, Any]]
+    backend: str = KSERVE_BACKEND
+    policy: Policy = field(default_factory=lambda: Policy())
     held: frozenset[str] = frozenset()
+    # The chosen backend's companion objects owned by the ClefDecision, by resource and name.
+    companions: dict[Resource, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)  # names of the pools' primary objects that stay
     events: list[Event] = field(default_factory=list)
     requeue: list[float] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -125,6 +159,29 @@ class _Pass:
         """A Warning event, unless the previous status already reported the same message for the pool."""
         if (self.previous.get(key) or {}).get("predictorMessage") != entry.get("predictorMessage"):
             self.events.append(Event("Warning", reason, message))
+
+    @property
+    def primary(self) -> Resource:
+        """The resource of each pool's predictor object in the chosen backend."""
+        return PRIMARY[self.backend]
+
+    def pool_status(self, decision: PoolDecision, **fields: Any) -> dict[str, Any]:
+        """build_pool_status for this pass's backend."""
+        return build_pool_status(decision, backend=self.backend, **fields)
+
+
+async def resolve_backend(spec: ClefDecisionSpec, policy: Policy, previous: Mapping[str, Any], api: KubeApi) -> str:
+    """The backend serving a ClefDecision: spec.backend; else the operator's default; else (auto) the one it
+    already has (status.backend: installing or removing KServe later never moves running predictors); else
+    kserve when the API server serves InferenceServices, deployment when it positively does not. A discovery
+    that fails raises ApiError: nothing is decided, created or deleted on a guess."""
+    if spec.backend is not None:
+        return spec.backend
+    if policy.default_backend != AUTO_BACKEND:
+        return policy.default_backend
+    if previous.get("backend") in BACKENDS:
+        return str(previous["backend"])
+    return KSERVE_BACKEND if await api.served(INFERENCESERVICES) else DEPLOYMENT_BACKEND
 
 
 async def reconcile(
@@ -138,10 +195,10 @@ async def reconcile(
     now: datetime.datetime | None = None,
     held: frozenset[str] = frozenset(),
 ) -> Outcome:
-    """Bring the ClefDecision's InferenceServices in line with its spec and the cluster's GPU pools.
+    """Bring the ClefDecision's serving objects in line with its spec and the cluster's GPU pools.
 
-    ``held``: InferenceService names found taken by another owner whose backoff is still running; a pool
-    that wants one keeps its Conflict entry without a create attempt.
+    ``held``: names found taken by another owner whose backoff is still running; a pool that wants one keeps
+    its Conflict entry without a create attempt. Raises ApiError when the backend cannot be told yet.
     """
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
@@ -154,27 +211,37 @@ async def reconcile(
         spec = parse_spec(body.get("spec") or {})
         check_host_path(spec, policy.host_path_prefixes)
     except InvalidSpecError as exc:
-        status = build_status(generation=generation, pools=[], invalid_spec=str(exc), previous=previous, now=stamp)
+        status = build_status(
+            generation=generation,
+            pools=[],
+            invalid_spec=str(exc),
+            previous=previous,
+            now=stamp,
+            backend=previous.get("backend"),
+        )
         return Outcome(status=status, events=_transition_events(previous, status), invalid_spec=str(exc))
 
+    backend = await resolve_backend(spec, policy, previous, api)
     pools, unpooled = group_into_pools(nodes, spec.nodePools.labelKey, spec.nodePools.declared)
     decisions = {pool.key: evaluate_pool(pool, spec) for pool in pools}
-    try:
-        listed = await api.list_inferenceservices(namespace, label_value(name))
-    except KServeNotInstalledError:
-        entries = [
+    listed = await api.list_labelled(PRIMARY[backend], namespace, label_value(name))
+    if listed is None and backend == KSERVE_BACKEND:
+        waiting = [
             build_pool_status(d, state=PENDING if d.eligible else INELIGIBLE, isvc_name=None, isvc=None)
             for d in decisions.values()
         ]
         status = build_status(
             generation=generation,
-            pools=entries,
+            pools=waiting,
             unpooled=unpooled,
             kserve_installed=False,
             previous=previous,
             now=stamp,
+            backend=backend,
         )
         return Outcome(status=status, events=_transition_events(previous, status), kserve_missing=True)
+    if listed is None:
+        raise ApiError(f"listing {PRIMARY[backend].plural}", 404, "the resource is not served")
 
     owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for obj in listed:
@@ -196,8 +263,15 @@ async def reconcile(
         adopt=adopt,
         now=moment,
         previous=previous_entries,
+        backend=backend,
+        policy=policy,
         held=held,
     )
+    for resource in COMPANIONS[backend]:
+        found = await api.list_labelled(resource, namespace, label_value(name)) or []
+        run.companions[resource] = {
+            obj["metadata"]["name"]: obj for obj in found if _owned_by(obj, uid) or _orphaned(obj)
+        }
 
     entries = []
     for key in sorted(decisions):
@@ -212,11 +286,19 @@ async def reconcile(
             entry = await _withdraw(run, decision, keep)
             if entry is not None:
                 entries.append(entry)
+    await _remove_stray_companions(run)
+    await _remove_other_backends(run)
 
     present = {pool.name for pool in pools}
     missing = [pool for pool in spec.nodePools.include if pool not in present]
     status = build_status(
-        generation=generation, pools=entries, unpooled=unpooled, previous=previous, now=stamp, missing=missing
+        generation=generation,
+        pools=entries,
+        unpooled=unpooled,
+        previous=previous,
+        now=stamp,
+        missing=missing,
+        backend=backend,
     )
     events = _transition_events(previous, status) + run.events
     return Outcome(
@@ -228,39 +310,58 @@ async def reconcile(
     )
 
 
+def _build(run: _Pass, decision: PoolDecision, child_name: str) -> list[dict[str, Any]]:
+    """The pool's objects in the chosen backend, its predictor object first (UnsupportedOnBackendError when the
+    spec asks what the backend cannot do)."""
+    options: dict[str, Any] = {
+        "decision": run.name,
+        "namespace": run.namespace,
+        "pool": decision.pool,
+        "spec": run.spec,
+        "variant": decision.variant,
+        "verified": decision.gpu.capability is not None,
+        "name": child_name,
+    }
+    if run.backend == KSERVE_BACKEND:
+        return [build_inferenceservice(**options)]
+    deployment = build_deployment(**options, storage_initializer_image=run.policy.storage_initializer_image)
+    autoscaler = build_autoscaler(run.spec, decision.pool, deployment)
+    return [deployment, build_service(deployment), *([autoscaler] if autoscaler is not None else [])]
+
+
 async def _serve(
-    run: _Pass, decision: PoolDecision, isvc_name: str, current: Mapping[str, Any] | None
+    run: _Pass, decision: PoolDecision, child_name: str, current: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Create or repair the InferenceService of an eligible pool; failures stay on this pool's entry."""
+    """Create or repair the serving objects of an eligible pool; failures stay on this pool's entry."""
     pool = decision.pool
-    desired = build_inferenceservice(
-        decision=run.name,
-        namespace=run.namespace,
-        pool=pool,
-        spec=run.spec,
-        variant=decision.variant,
-        verified=decision.gpu.capability is not None,
-        name=isvc_name,
-    )
-    run.adopt(desired)
+    kind = run.primary.kind
+    run.kept.add(child_name)
+    try:
+        desired, *companions = _build(run, decision, child_name)
+    except UnsupportedOnBackendError as exc:
+        entry = run.pool_status(decision, state=FAILED, isvc_name=child_name, isvc=None, message=str(exc))
+        run.warn_once(pool.key, entry, "UnsupportedOnBackend", f"node pool {pool.name}: {exc}")
+        return entry
+    for obj in (desired, *companions):
+        run.adopt(obj)
     size = len(json.dumps(desired, separators=(",", ":")).encode())
     limit = MAX_INFERENCESERVICE_BYTES
     if size > limit:  # never sent: the API server would refuse it on every retry
         message = (
-            f"the InferenceService built from this spec would take {size} bytes, more than the "
+            f"the {kind} built from this spec would take {size} bytes, more than the "
             f"{limit} the operator sends (the API server stores at most 1.5 MiB "
             "per object): shorten spec.affinity, spec.predictor.compileCache, env, envFrom or extraArgs"
         )
-        entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=message)
-        run.warn_once(pool.key, entry, "InferenceServiceTooLarge", f"node pool {pool.name}: {message}")
+        entry = run.pool_status(decision, state=FAILED, isvc_name=child_name, isvc=None, message=message)
+        run.warn_once(pool.key, entry, f"{kind}TooLarge", f"node pool {pool.name}: {message}")
         return entry
     before = run.previous.get(pool.key) or {}
-    if current is None and isvc_name in run.held and before.get("state") == CONFLICT:
-        run.conflicts.append(isvc_name)  # still backing off: no POST, the same report
-        return build_pool_status(
+    if current is None and child_name in run.held and before.get("state") == CONFLICT:
+        run.conflicts.append(child_name)  # still backing off: no POST, the same report
+        return run.pool_status(
             decision,
             state=CONFLICT,
-            isvc_name=isvc_name,
+            isvc_name=child_name,
             isvc=None,
             message=before.get("predictorMessage"),
             predictor_reason=before.get("predictorReason"),
@@ -268,33 +369,95 @@ async def _serve(
     try:
         if current is None:
             try:
-                current = await run.api.create_inferenceservice(desired)
+                current = await run.api.create(run.primary, desired)
             except ConflictError:
-                return await _collision(run, decision, isvc_name)
-            run.events.append(
-                Event("Normal", "InferenceServiceCreated", f"created {isvc_name} for node pool {pool.name}")
-            )
+                return await _collision(run, decision, child_name)
+            run.events.append(Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}"))
         elif drifted(current, desired):
-            current = await run.api.patch_inferenceservice(
-                run.namespace, isvc_name, build_update_patch(current, desired)
-            )
-            run.events.append(
-                Event("Normal", "InferenceServiceUpdated", f"updated {isvc_name} for node pool {pool.name}")
-            )
+            patch = build_update_patch(current, desired, whole_spec=run.backend == KSERVE_BACKEND)
+            current = await run.api.patch(run.primary, run.namespace, child_name, patch)
+            run.events.append(Event("Normal", f"{kind}Updated", f"updated {child_name} for node pool {pool.name}"))
+        await _apply_companions(run, pool.name, child_name, companions)
     except ApiError as exc:
         run.failed = True
-        entry = build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=str(exc))
-        run.warn_once(pool.key, entry, "InferenceServiceFailed", f"node pool {pool.name}: {exc}")
+        entry = run.pool_status(decision, state=FAILED, isvc_name=child_name, isvc=None, message=str(exc))
+        run.warn_once(pool.key, entry, f"{kind}Failed", f"node pool {pool.name}: {exc}")
         return entry
-    return build_pool_status(decision, state=SERVING, isvc_name=isvc_name, isvc=current)
+    return run.pool_status(decision, state=SERVING, isvc_name=child_name, isvc=current)
+
+
+async def _apply_companions(run: _Pass, pool: str, child_name: str, companions: list[dict[str, Any]]) -> None:
+    """Create or repair the objects that go with a pool's predictor object; delete those no longer wanted."""
+    wanted = {obj["kind"]: obj for obj in companions}
+    for resource in COMPANIONS[run.backend]:
+        live = run.companions.get(resource, {}).get(child_name)
+        desired = wanted.get(resource.kind)
+        if desired is None:
+            if live is not None:
+                await run.api.delete(resource, run.namespace, child_name)
+                run.events.append(Event("Normal", f"{resource.kind}Deleted", f"deleted {child_name}: not wanted"))
+        elif live is None:
+            try:
+                await run.api.create(resource, desired)
+            except ConflictError:
+                raise ApiError(
+                    f"creating {resource.kind} {child_name}",
+                    409,
+                    "one of that name exists and is not this ClefDecision's",
+                ) from None
+            run.events.append(Event("Normal", f"{resource.kind}Created", f"created {child_name} for node pool {pool}"))
+        elif drifted(live, desired):
+            await run.api.patch(
+                resource, run.namespace, child_name, build_update_patch(live, desired, whole_spec=False)
+            )
+            run.events.append(Event("Normal", f"{resource.kind}Updated", f"updated {child_name} for node pool {pool}"))
+
+
+async def _remove_stray_companions(run: _Pass) -> None:
+    """Delete owned companion objects whose predictor object is gone (a pass cut short between deletions)."""
+    for resource, objects in run.companions.items():
+        for child_name in sorted(objects.keys() - run.kept):
+            try:
+                await run.api.delete(resource, run.namespace, child_name)
+            except ApiError as exc:
+                run.failed = True
+                run.events.append(Event("Warning", f"{resource.kind}Failed", str(exc)))
+                continue
+            run.events.append(Event("Normal", f"{resource.kind}Deleted", f"deleted {child_name}: its pool is gone"))
+
+
+async def _remove_other_backends(run: _Pass) -> None:
+    """Delete what the ClefDecision owns in the backends not chosen (after a switch of spec.backend). Only what a
+    list positively returned is deleted; a resource that is not served holds nothing; a failed list is retried."""
+    for other in BACKENDS:
+        if other == run.backend:
+            continue
+        for resource in (PRIMARY[other], *COMPANIONS[other]):
+            try:
+                found = await run.api.list_labelled(resource, run.namespace, label_value(run.name)) or []
+                for obj in found:
+                    if not (_owned_by(obj, run.uid) or _orphaned(obj)) or obj["metadata"].get("deletionTimestamp"):
+                        continue
+                    await run.api.delete(resource, run.namespace, obj["metadata"]["name"])
+                    run.events.append(
+                        Event(
+                            "Normal",
+                            f"{resource.kind}Deleted",
+                            f"deleted {obj['metadata']['name']}: the ClefDecision's backend is {run.backend}",
+                        )
+                    )
+            except ApiError as exc:
+                run.failed = True
+                run.events.append(Event("Warning", f"{resource.kind}Failed", str(exc)))
 
 
 async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict[str, Any]:
     """The wanted name is held by an object this ClefDecision does not own: say whose, and wait for it to go."""
     run.conflicts.append(isvc_name)
-    holder = await run.api.get_inferenceservice(run.namespace, isvc_name)
+    kind = run.primary.kind
+    holder = await run.api.get(run.primary, run.namespace, isvc_name)
     if holder is not None and _owned_by(holder, run.uid):  # our own, still being deleted: wait for it to go
-        return build_pool_status(
+        return run.pool_status(
             decision,
             state=PENDING,
             isvc_name=isvc_name,
@@ -312,13 +475,14 @@ async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict
     if owner is not None:
         reason = NAME_COLLISION
         message = (
-            f"the InferenceService name {isvc_name} is already used by ClefDecision {owner.get('name')} "
+            f"the {kind} name {isvc_name} is already used by ClefDecision {owner.get('name')} "
             "(rename one of the two ClefDecisions or pools)"
         )
     else:
         reason = NAME_TAKEN
-        message = f"an InferenceService named {isvc_name} exists and is not owned by this ClefDecision"
-    entry = build_pool_status(
+        article = "an" if kind[0] in "AEIOU" else "a"
+        message = f"{article} {kind} named {isvc_name} exists and is not owned by this ClefDecision"
+    entry = run.pool_status(
         decision, state=CONFLICT, isvc_name=isvc_name, isvc=None, message=message, predictor_reason=reason
     )
     run.warn_once(decision.pool.key, entry, reason, f"node pool {decision.pool.name}: {message}")
@@ -335,7 +499,7 @@ async def _withdraw(run: _Pass, decision: PoolDecision, current: Mapping[str, An
         return (
             None
             if not pool.nodes and decision.reason == NO_NODES
-            else build_pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+            else run.pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
         )
     isvc_name = current["metadata"]["name"]
     before = run.previous.get(pool.key) or {}
@@ -350,10 +514,11 @@ async def _withdraw(run: _Pass, decision: PoolDecision, current: Mapping[str, An
         )
         error = await _delete(run, pool.key, current, f"node pool {pool.name}: {why}")
         if error is not None:
-            return build_pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=error)
-        return None if not pool.nodes else build_pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+            return run.pool_status(decision, state=FAILED, isvc_name=isvc_name, isvc=None, message=error)
+        return None if not pool.nodes else run.pool_status(decision, state=INELIGIBLE, isvc_name=None, isvc=None)
+    run.kept.add(isvc_name)
     run.requeue.append((removal - run.now).total_seconds())
-    entry = build_pool_status(
+    entry = run.pool_status(
         decision,
         state=DEGRADED,
         isvc_name=isvc_name,
@@ -374,15 +539,17 @@ async def _withdraw(run: _Pass, decision: PoolDecision, current: Mapping[str, An
 
 
 async def _delete(run: _Pass, key: tuple[str, str], obj: Mapping[str, Any], why: str) -> str | None:
-    """Delete one owned InferenceService; a refusal is reported as a Warning, returned, and retried later."""
+    """Delete one owned predictor object (its companions follow in _remove_stray_companions); a refusal is
+    reported as a Warning, returned, and retried later."""
     isvc_name = obj["metadata"]["name"]
+    kind = run.primary.kind
     try:
-        await run.api.delete_inferenceservice(run.namespace, isvc_name)
+        await run.api.delete(run.primary, run.namespace, isvc_name)
     except ApiError as exc:
         run.failed = True
-        run.events.append(Event("Warning", "InferenceServiceFailed", f"node pool {key[1]}: {exc}"))
+        run.events.append(Event("Warning", f"{kind}Failed", f"node pool {key[1]}: {exc}"))
         return str(exc)
-    run.events.append(Event("Normal", "InferenceServiceDeleted", f"deleted {isvc_name}: {why}"))
+    run.events.append(Event("Normal", f"{kind}Deleted", f"deleted {isvc_name}: {why}"))
     return None
 
 

@@ -327,6 +327,8 @@ class ClefDecisionSpec(_Model):
     priorityClassName: str | None = Field(default=None, min_length=1, max_length=253)
     predictor: Predictor = Field(default_factory=Predictor)
     deploymentMode: Literal["Standard", "Knative"] = "Standard"
+    # None: the operator's default (--default-backend; auto: kserve where the InferenceService CRD is served).
+    backend: Literal["kserve", "deployment"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ClefDecisionSpec:

@@ -6,7 +6,9 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from clef_operator.constants import DEPLOYMENT_BACKEND, KSERVE_BACKEND
 from clef_operator.pools import PoolDecision
+from clef_operator.workloads import deployment_ready, service_url
 
 NODE_POOLS_ELIGIBLE = "NodePoolsEligible"
 PREDICTORS_READY = "PredictorsReady"
@@ -20,7 +22,7 @@ SERVING = "Serving"  # eligible; its InferenceService exists and matches the spe
 PENDING = "Pending"  # eligible, but InferenceServices cannot be created yet (KServe missing)
 DEGRADED = "Degraded"  # not eligible right now; its InferenceService is kept until removalAt
 INELIGIBLE = "Ineligible"  # not eligible; no InferenceService
-FAILED = "Failed"  # the API server refused a write for this pool (predictorMessage says why); retried
+FAILED = "Failed"  # a write refused for this pool, or the spec asks what its backend cannot do (predictorMessage)
 CONFLICT = "Conflict"  # the InferenceService name is held by an object this ClefDecision does not own
 # status.pools[].predictorReason of a Conflict.
 NAME_COLLISION = "NameCollision"  # held by another ClefDecision's InferenceService
@@ -53,6 +55,11 @@ def inferenceservice_ready(isvc: Mapping[str, Any] | None) -> tuple[bool, str]:
     return False, "no Ready condition yet"
 
 
+# Per backend: the status.pools[] field naming a pool's serving object, and what the conditions call them.
+CHILD_FIELD: dict[str, str] = {KSERVE_BACKEND: "inferenceService", DEPLOYMENT_BACKEND: "deployment"}
+CHILD_NOUN: dict[str, str] = {KSERVE_BACKEND: "InferenceServices", DEPLOYMENT_BACKEND: "Deployments"}
+
+
 def build_pool_status(
     decision: PoolDecision,
     *,
@@ -63,8 +70,13 @@ def build_pool_status(
     predictor_reason: str | None = None,
     degraded_since: str | None = None,
     removal_at: str | None = None,
+    backend: str = KSERVE_BACKEND,
 ) -> dict[str, Any]:
-    """One status.pools[] entry: eligibility with its reason, the GPU and release, and the predictor's state."""
+    """One status.pools[] entry: eligibility with its reason, the GPU and release, and the predictor's state.
+
+    ``isvc_name``/``isvc``: the pool's serving object, an InferenceService or (``backend`` deployment) a
+    Deployment, whose readiness is KServe's Ready condition or the Deployment's available replicas.
+    """
     entry: dict[str, Any] = {
         "name": decision.pool.name,
         "labelKey": decision.pool.label_key,
@@ -79,7 +91,7 @@ def build_pool_status(
     if decision.variant is not None and decision.eligible:
         entry["variant"] = {"quantization": decision.variant.quantization, "storageUri": decision.variant.storageUri}
     if isvc_name is not None:
-        entry["inferenceService"] = isvc_name
+        entry[CHILD_FIELD[backend]] = isvc_name
     if degraded_since is not None:
         entry["degradedSince"] = degraded_since
     if removal_at is not None:
@@ -91,11 +103,16 @@ def build_pool_status(
         return entry
     if state not in (SERVING, DEGRADED):
         return entry
-    ready, why = inferenceservice_ready(isvc)
+    if backend == DEPLOYMENT_BACKEND:
+        ready, why = deployment_ready(None if isvc is None else dict(isvc))
+        meta = (isvc or {}).get("metadata") or {}
+        url = service_url(meta["name"], meta["namespace"]) if ready else None
+    else:
+        ready, why = inferenceservice_ready(isvc)
+        url = ((isvc or {}).get("status") or {}).get("url")
     entry["ready"] = ready
     if not ready:
         entry["predictorMessage"] = why
-    url = ((isvc or {}).get("status") or {}).get("url")
     if url:
         entry["url"] = url
     return entry
@@ -126,11 +143,13 @@ def build_status(
     previous: Mapping[str, Any] | None = None,
     now: str,
     missing: Sequence[str] = (),
+    backend: str | None = None,
 ) -> dict[str, Any]:
     """The whole status: pools, ready/total counts, conditions, observedGeneration.
 
     Ready is True only when at least one pool is eligible and every eligible pool's
-    InferenceService reports Ready=True. ``lastTransitionTime`` only moves when a condition flips.
+    InferenceService reports Ready=True (every Deployment has its replicas available). ``lastTransitionTime``
+    only moves when a condition flips. ``backend``: the one serving the pools (None: not chosen yet).
     """
     before = list((previous or {}).get("conditions") or [])
     eligible = [pool for pool in pools if pool["eligible"]]
@@ -148,7 +167,9 @@ def build_status(
                 pools_cond[1],
                 f"{pools_cond[2]}; spec.nodePools.include names pools that no GPU node carries: {', '.join(missing)}",
             )
-        predictors_cond = _predictors_condition(eligible, ready, kserve_installed)
+        predictors_cond = _predictors_condition(
+            eligible, ready, kserve_installed, CHILD_NOUN[backend or KSERVE_BACKEND]
+        )
         if pools_cond[0] == "True" and predictors_cond[0] == "True":
             ready_cond = ("True", READY, f"{len(ready)}/{len(eligible)} predictors ready")
         else:
@@ -165,6 +186,8 @@ def build_status(
             _condition(READY, *ready_cond, before, now),
         ],
     }
+    if backend is not None:
+        status["backend"] = backend
     if generation is not None:
         status["observedGeneration"] = generation
     return status
@@ -197,7 +220,7 @@ def _pools_condition(
 
 
 def _predictors_condition(
-    eligible: Sequence[Mapping[str, Any]], ready: Sequence[Mapping[str, Any]], kserve_installed: bool
+    eligible: Sequence[Mapping[str, Any]], ready: Sequence[Mapping[str, Any]], kserve_installed: bool, noun: str
 ) -> tuple[str, str, str]:
     if not kserve_installed:
         return (
@@ -205,11 +228,11 @@ def _predictors_condition(
             KSERVE_NOT_INSTALLED,
             (
                 "the InferenceService resource (serving.kserve.io/v1beta1) is not served by this cluster; "
-                "install KServe, the operator retries with backoff"
+                "install KServe (the operator retries with backoff) or set spec.backend: deployment"
             ),
         )
     if not eligible:
-        return "False", "NoPredictors", "no eligible node pool, so no InferenceService"
+        return "False", "NoPredictors", f"no eligible node pool, so no {noun[:-1]}"
     failing = [pool for pool in eligible if pool.get("state") in (FAILED, CONFLICT)]
     if failing:
         details = "; ".join(f"{pool['name']}: {pool.get('predictorMessage', '')}" for pool in failing)
@@ -218,12 +241,12 @@ def _predictors_condition(
             if any(pool["state"] == FAILED for pool in failing)
             else str(failing[0].get("predictorReason", CONFLICT))
         )
-        return "False", reason, f"{len(ready)}/{len(eligible)} InferenceServices ready; failing: {details}"
+        return "False", reason, f"{len(ready)}/{len(eligible)} {noun} ready; failing: {details}"
     if len(ready) == len(eligible):
-        return "True", "AllPredictorsReady", f"{len(ready)}/{len(eligible)} InferenceServices ready"
+        return "True", "AllPredictorsReady", f"{len(ready)}/{len(eligible)} {noun} ready"
     waiting = "; ".join(
-        f"{pool.get('inferenceService')} ({pool.get('predictorMessage', 'not ready')})"
+        f"{pool.get('inferenceService') or pool.get('deployment')} ({pool.get('predictorMessage', 'not ready')})"
         for pool in eligible
         if not pool["ready"]
     )
-    return "False", "PredictorsNotReady", f"{len(ready)}/{len(eligible)} InferenceServices ready; waiting for {waiting}"
+    return "False", "PredictorsNotReady", f"{len(ready)}/{len(eligible)} {noun} ready; waiting for {waiting}"

@@ -64,6 +64,18 @@ def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
     return pool_status(get_decision(kube, name))[pool]
 
 
+def serving_pool(kube: Kube, nodes_to_remove: list[str], name: str, pool_name: str, **spec: Any) -> GpuPool:
+    """One Hopper node in a pool of its own, and a ClefDecision ``name`` (in a namespace of that name) serving it
+    with ``spec``'s fields; returns once the pool's predictor runs Ready on the node. The node is removed after the
+    test."""
+    pool = hopper(pool_name)
+    kube.apply(pool.node(0))
+    nodes_to_remove.append(pool.node_name(0))
+    start(kube, name, [pool_name], **spec)
+    wait_serving(kube, name, pool_name)
+    return pool
+
+
 def remove_nodes(kube: Kube, *names: str) -> None:
     kube.run("delete", "node", *names, "--ignore-not-found", "--wait=true")
 
@@ -115,6 +127,42 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
     assert pod["spec"]["nodeName"] == pool.node_name(1)
 
 
+def test_pool_emptied_and_refilled(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
+    """Every node of a two-node pool goes (scaled to zero), later two new ones join: as on the emulator the pool is
+    Degraded (NoNodes) with its InferenceService kept and unchanged, the ClefDecision is not Ready meanwhile, and
+    with the new nodes the same InferenceService serves again, its pods rescheduled onto them."""
+    pool = hopper("refill")
+    first, second = [pool.node_name(i) for i in (0, 1)], [pool.node_name(i) for i in (2, 3)]
+    kube.apply(*(pool.node(i) for i in (0, 1)))
+    nodes_to_remove.extend([*first, *second])
+    start(kube, "life-refill", ["refill"], poolOverrides=[{"name": "refill", "replicas": 2}])
+    wait_serving(kube, "life-refill", "refill")
+    isvc = kube.get("inferenceservice", "life-refill-refill", "life-refill")
+    remove_nodes(kube, *first)
+    degraded = eventually(
+        lambda: (e := pool_status(get_decision(kube, "life-refill")).get("refill")) and e["state"] == "Degraded" and e,
+        "the emptied pool to be Degraded",
+    )
+    assert degraded["reason"] == "NoNodes" and degraded["inferenceService"] == "life-refill-refill", degraded
+    assert degraded["nodes"] == 0 and "removalAt" in degraded
+    ready = condition(get_decision(kube, "life-refill"), "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "PoolsDegraded", ready
+    kube.apply(*(pool.node(i) for i in (2, 3)))
+
+    def serving_on_new_nodes() -> bool:
+        pods = pods_of(kube, "life-refill-refill", "life-refill")
+        placed = len(pods) == 2 and all(pod_ready(p) and p["spec"].get("nodeName") in second for p in pods)
+        return placed and is_ready(get_decision(kube, "life-refill"))
+
+    # The pods bound to the deleted nodes go through the pod garbage collector first (tens of seconds).
+    eventually(serving_on_new_nodes, "two Ready pods on the new nodes and the ClefDecision Ready", timeout=180)
+    entry = pool_status(get_decision(kube, "life-refill"))["refill"]
+    assert entry["state"] == "Serving" and entry["nodes"] == 2 and "removalAt" not in entry
+    after = kube.get("inferenceservice", "life-refill-refill", "life-refill")
+    assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
+    assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
+
+
 def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
     pools = [hopper(f"kill-{i}") for i in range(3)]
     for pool in pools:
@@ -133,11 +181,7 @@ def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
 
 
 def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
-    pool = hopper("edited")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-edit", ["edited"])
-    wait_serving(kube, "life-edit", "edited")
+    serving_pool(kube, nodes_to_remove, "life-edit", "edited")
     name = "life-edit-edited"
     kube.run(
         "patch",
@@ -167,11 +211,7 @@ def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: 
 def test_a_crashing_predictor_makes_the_decision_not_ready(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    pool = hopper("crash")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-crash", ["crash"])
-    wait_serving(kube, "life-crash", "crash")
+    serving_pool(kube, nodes_to_remove, "life-crash", "crash")
     (pod,) = pods_of(kube, "life-crash-crash", "life-crash")
     crash_pod(kube.cluster, "life-crash", pod["metadata"]["name"])
 
@@ -191,11 +231,7 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(
 def test_decision_deleted_while_the_operator_is_down(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    pool = hopper("orphan")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-down", ["orphan"])
-    wait_serving(kube, "life-down", "orphan")
+    serving_pool(kube, nodes_to_remove, "life-down", "orphan")
     operator.stop()
     try:
         kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=30s")
@@ -209,11 +245,7 @@ def test_decision_deleted_while_the_operator_is_down(
 
 
 def test_namespace_deletion_removes_everything(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
-    pool = hopper("nsdel")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "life-nsdel", ["nsdel"])
-    wait_serving(kube, "life-nsdel", "nsdel")
+    pool = serving_pool(kube, nodes_to_remove, "life-nsdel", "nsdel")
     kube.run("delete", "namespace", "life-nsdel", "--wait=true", "--timeout=90s")
     assert kube.get("namespace", "life-nsdel") is None
     assert not [p for p in kube.get("pods") if p["spec"].get("nodeName") == pool.node_name(0)]

@@ -16,7 +16,7 @@ from clef_operator.diffbase import DIGEST_PREFIX
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
 from tests.cluster.kube import Kube, Operator, eventually
-from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, start, wait_serving
+from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, serving_pool, start, wait_serving
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
 from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
 
@@ -121,11 +121,7 @@ def owners(kube: Kube, name: str, namespace: str) -> list[tuple[str, bool]]:
 def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    pool = hopper("adopt")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, "limits-adopt", ["adopt"])
-    wait_serving(kube, "limits-adopt", "adopt")
+    serving_pool(kube, nodes_to_remove, "limits-adopt", "adopt")
     name = "limits-adopt-adopt"
     kube.run(
         "patch",
@@ -255,11 +251,7 @@ def test_spec_change_after_an_api_server_restart_is_applied(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
     ns = "limits-restart"
-    pool = hopper("restart")
-    kube.apply(pool.node(0))
-    nodes_to_remove.append(pool.node_name(0))
-    start(kube, ns, ["restart"])
-    wait_serving(kube, ns, "restart")
+    serving_pool(kube, nodes_to_remove, ns, "restart")
     kube.cluster.restart("kube-apiserver")
     eventually(
         lambda: kube.run("get", "--raw", "/readyz", check=False).returncode == 0,

@@ -160,7 +160,13 @@ def test_operator_args_follow_namespace_scoping(
     rendered_default: list[dict[str, Any]], rendered_all_on: list[dict[str, Any]]
 ) -> None:
     default = one(rendered_default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert default["args"] == ["--all-namespaces", "--liveness-port=8080", "--peering=clef-operator"]
+    assert default["args"] == [
+        "--all-namespaces",
+        "--liveness-port=8080",
+        "--default-backend=auto",
+        "--storage-initializer-image=kserve/storage-initializer:v0.20.0",
+        "--peering=clef-operator",
+    ]
     assert one(rendered_default, "Deployment")["spec"]["strategy"] == {"type": "RollingUpdate"}
     all_on = one(rendered_all_on, "Deployment")
     args = all_on["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -168,6 +174,8 @@ def test_operator_args_follow_namespace_scoping(
         "--namespace=team-a",
         "--namespace=team-b",
         "--liveness-port=9090",
+        "--default-backend=deployment",
+        "--storage-initializer-image=registry.example.com/kserve/storage-initializer:v0.20.0",
         "--peering=clef-peers",
         "--allow-host-path-prefix=/var/cache/clef",
         "--verbose",

@@ -101,7 +101,8 @@ async def operator_as_deployed(args: list[str]) -> AsyncIterator[None]:
 
 
 async def run_scenario(cluster: Cluster) -> None:
-    """Pools appear and vanish; a ClefDecision is created, served, changed, then deleted."""
+    """Pools appear and vanish; a ClefDecision is created, served, changed, then deleted; then the same for one
+    served by the deployment backend."""
     decisions = DECISIONS.format(ns=NS)
     isvcs = ISVCS.format(ns=NS)
 
@@ -176,6 +177,73 @@ async def run_scenario(cluster: Cluster) -> None:
     await eventually(lambda: is_(["clef-h100-pool"]))
     await cluster.delete(f"{decisions}/clef")
     await eventually(lambda: is_([]))
+    await run_deployment_backend_scenario(cluster)
+
+
+async def run_deployment_backend_scenario(cluster: Cluster) -> None:
+    """The deployment backend: a name held by someone else's Deployment, then a Deployment, Service and
+    HorizontalPodAutoscaler created, repaired and changed, the autoscaler dropped, the pool's objects removed."""
+    decisions = DECISIONS.format(ns=NS)
+    paths = {
+        "Deployment": f"/apis/apps/v1/namespaces/{NS}/deployments",
+        "Service": f"/api/v1/namespaces/{NS}/services",
+        "HorizontalPodAutoscaler": f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers",
+    }
+
+    async def objects(kind: str) -> dict[str, dict[str, Any]]:
+        return {item["metadata"]["name"]: item for item in await cluster.items(paths[kind])}
+
+    async def holds(kind: str, check: Any = lambda obj: True) -> bool:
+        found = (await objects(kind)).get("dep-h100-pool")
+        return found is not None and bool(found["metadata"].get("ownerReferences")) and check(found)
+
+    async def gone(kind: str) -> bool:
+        return "dep-h100-pool" not in await objects(kind)
+
+    selector = {"matchLabels": {"app": "someone-else"}}
+    await cluster.create(
+        paths["Deployment"],
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "dep-h100-pool", "namespace": NS},
+            "spec": {"selector": selector, "template": {"metadata": {"labels": selector["matchLabels"]}}},
+        },
+    )
+    await cluster.create(
+        decisions,
+        {
+            "apiVersion": "clef-serving.io/v1alpha1",
+            "kind": "ClefDecision",
+            "metadata": {"name": "dep", "namespace": NS},
+            "spec": {
+                "model": {"storageUri": "hf://cloudflare/clef-flash-fp8"},
+                "backend": "deployment",
+                "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
+                "nodePools": {"removalGracePeriod": "1s", "include": ["h100-pool"]},
+            },
+        },
+    )
+
+    async def conflict_reported() -> bool:
+        status = (await cluster.get(f"{decisions}/dep")).get("status") or {}
+        return any(pool.get("state") == "Conflict" for pool in status.get("pools", []))
+
+    await eventually(conflict_reported)
+    await cluster.delete(f"{paths['Deployment']}/dep-h100-pool")
+    for kind in paths:
+        await eventually(lambda kind=kind: holds(kind))
+    await cluster.merge(f"{paths['Service']}/dep-h100-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
+    await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"maxReplicas": 3}}})
+    await eventually(lambda: holds("HorizontalPodAutoscaler", lambda obj: obj["spec"]["maxReplicas"] == 3))
+    await eventually(lambda: holds("Service", lambda obj: obj["spec"]["ports"][0]["port"] == 80))
+    await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": None, "replicas": 2}})
+    await eventually(lambda: holds("Deployment", lambda obj: obj["spec"].get("replicas") == 2))
+    await eventually(lambda: gone("HorizontalPodAutoscaler"))
+    await cluster.delete(f"{NODES}/h100-a")
+    await eventually(lambda: gone("Deployment"))
+    await eventually(lambda: gone("Service"))
+    await cluster.delete(f"{decisions}/dep")
 
 
 async def _owned(cluster: Cluster, path: str) -> bool:

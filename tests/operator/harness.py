@@ -49,6 +49,16 @@ KSERVE_CRD: dict[str, Any] = {
 }
 
 
+def decision(name: str = "clef", namespace: str = "ml", **spec: Any) -> dict[str, Any]:
+    """A ClefDecision serving the FP8 release on every eligible pool, with ``spec``'s fields on top."""
+    return {
+        "apiVersion": "clef-serving.io/v1alpha1",
+        "kind": "ClefDecision",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
+    }
+
+
 def documented_rbac(path: Path = OPERATOR_DOC) -> set[tuple[str, str, str]]:
     """The (apiGroup, resource, verb) triples listed in the API-access table of docs/operator.md.
 

@@ -21,7 +21,17 @@ import pytest
 from clef_operator.builders import build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
-from tests.operator.harness import DECISIONS, ISVCS, NODES, ROOT, Cluster, eventually, gpu_node, running_operator
+from tests.operator.harness import (
+    DECISIONS,
+    ISVCS,
+    NODES,
+    ROOT,
+    Cluster,
+    decision,
+    eventually,
+    gpu_node,
+    running_operator,
+)
 
 NS = "ml"
 GKE = "cloud.google.com/gke-nodepool"
@@ -34,16 +44,6 @@ UNLABELLED = dict(product=None, major=None, minor=None)
 SETTLE = 1.5  # seconds of quiet after a change, in which a wrong write would show up
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
-    """A ClefDecision in namespace ``ml``."""
-    return {
-        "apiVersion": "clef-serving.io/v1alpha1",
-        "kind": "ClefDecision",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
-    }
 
 
 async def isvcs(cluster: Cluster) -> dict[str, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from tests.operator.harness import (
     DECISIONS,
     ISVCS,
+    KSERVE_CRD,
     NODES,
     Cluster,
     documented_rbac,
@@ -235,7 +237,7 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
 async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) -> None:
     cluster = bare_cluster
     await seed_three_pools(cluster)
-    await cluster.create(DECISIONS.format(ns=NS), decision())
+    await cluster.create(DECISIONS.format(ns=NS), decision(backend="kserve"))
     async with running_operator() as operator:
         current = await eventually(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled")
@@ -251,6 +253,119 @@ async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) 
                 status(cluster), lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"
             )
         )
+
+
+async def names(cluster: Cluster, path: str) -> list[str]:
+    """Names of the objects of a collection."""
+    return sorted(item["metadata"]["name"] for item in await cluster.items(path))
+
+
+async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_up(bare_cluster: Cluster) -> None:
+    cluster = bare_cluster
+    deployments, services = f"/apis/apps/v1/namespaces/{NS}/deployments", f"/api/v1/namespaces/{NS}/services"
+    hpas = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
+    decision_path = f"{DECISIONS.format(ns=NS)}/{DECISION}"
+    await seed_three_pools(cluster)
+    # Someone else's Deployment holds the L4 pool's name.
+    foreign = {"matchLabels": {"app": "someone-else"}}
+    await cluster.create(
+        deployments,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "clef-l4-pool", "namespace": NS},
+            "spec": {"selector": foreign, "template": {"metadata": {"labels": foreign["matchLabels"]}}},
+        },
+    )
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    served = ["clef-h100-pool", "clef-l4-pool"]
+    async with running_operator():
+        # No InferenceService resource: the deployment backend, a Deployment and a Service per eligible pool.
+        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
+        l4 = await eventually(
+            lambda: _when(status(cluster), lambda s: any(p.get("state") == "Conflict" for p in s.get("pools", [])))
+        )
+        conflict = next(p for p in l4["pools"] if p["name"] == "l4-pool")
+        assert (
+            conflict["predictorReason"] == "NameTaken"
+            and "a Deployment named clef-l4-pool" in conflict["predictorMessage"]
+        )
+        await cluster.delete(f"{deployments}/clef-l4-pool")
+        await eventually(lambda: _equals(names(cluster, deployments), served))
+        await eventually(lambda: _equals(names(cluster, services), served))
+        current = await eventually(
+            lambda: _when(status(cluster), lambda s: all(p.get("state") != "Conflict" for p in s.get("pools", [])))
+        )
+        assert {pool["name"]: pool.get("deployment") for pool in current["pools"] if pool["eligible"]} == {
+            "h100-pool": "clef-h100-pool",
+            "l4-pool": "clef-l4-pool",
+        }
+        for name in served:  # the Deployment controller's report: every replica available
+            live = await cluster.get(f"{deployments}/{name}")
+            await cluster.merge(
+                f"{deployments}/{name}/status",
+                {
+                    "status": {
+                        "observedGeneration": live["metadata"]["generation"],
+                        "replicas": 1,
+                        "updatedReplicas": 1,
+                        "availableReplicas": 1,
+                    }
+                },
+            )
+        ready = await eventually(
+            lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True")
+        )
+        assert condition(ready, "PredictorsReady")["message"] == "2/2 Deployments ready"
+        assert {pool.get("url") for pool in ready["pools"] if pool["eligible"]} == {
+            f"http://{name}.{NS}.svc" for name in served
+        }
+        # Autoscaling: an autoscaler per pool, changed with the spec; a hand-edited Service is put back.
+        autoscaling = {"minReplicas": 1, "maxReplicas": 2}
+        await cluster.merge(decision_path, {"spec": {"autoscaling": autoscaling, "predictor": {"maxModelLen": 4096}}})
+        await eventually(lambda: _equals(names(cluster, hpas), served))
+
+        async def updated() -> bool:
+            pods = [d["spec"]["template"]["spec"] for d in await cluster.items(deployments)]
+            return all("--max-model-len=4096" in pod["containers"][0]["args"] for pod in pods)
+
+        await eventually(updated)
+        await cluster.merge(f"{services}/clef-l4-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
+        await cluster.merge(decision_path, {"spec": {"autoscaling": {"maxReplicas": 3}}})
+
+        async def repaired() -> bool:
+            autoscalers = await cluster.items(hpas)
+            service = await cluster.get(f"{services}/clef-l4-pool")
+            return all(h["spec"]["maxReplicas"] == 3 for h in autoscalers) and service["spec"]["ports"][0]["port"] == 80
+
+        await eventually(repaired)
+        await cluster.merge(decision_path, {"spec": {"autoscaling": None}})
+        await eventually(lambda: _equals(names(cluster, hpas), []))
+        # KServe arrives and the spec asks for it: InferenceServices replace the Deployments and Services.
+        await cluster.install_kserve()
+        await cluster.merge(decision_path, {"spec": {"backend": "kserve"}})
+        await eventually(lambda: _equals(isvc_names(cluster), served))
+        await eventually(lambda: _equals(names(cluster, deployments), []))
+        await eventually(lambda: _equals(names(cluster, services), []))
+        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+
+
+async def test_a_crd_discovery_does_not_list_yet_decides_nothing(bare_cluster: Cluster) -> None:
+    """KServe's CRD exists but discovery leaves it out (as just after an API server start): no backend is chosen
+    and nothing is created until discovery lists it; then the InferenceServices come."""
+    cluster = bare_cluster
+    await seed_three_pools(cluster)
+    await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", KSERVE_CRD)
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    deployments = f"/apis/apps/v1/namespaces/{NS}/deployments"
+    async with running_operator():
+        await asyncio.sleep(2.0)  # several passes with backoff (CLEF_RETRY_BASE_SECONDS=0.2)
+        assert "backend" not in await status(cluster)
+        assert await names(cluster, deployments) == []
+        cluster.emulator.add_crd(KSERVE_CRD)
+        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+        assert await names(cluster, deployments) == []
 
 
 async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:

@@ -10,21 +10,12 @@ from typing import Any
 import pytest
 
 from clef_operator import handlers
-from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
+from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, decision, eventually, gpu_node, running_operator
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 L4 = dict(product="NVIDIA-L4", family="ada-lovelace", major=8, minor=9)
 pytestmark = pytest.mark.timeout(180)
-
-
-def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "clef-serving.io/v1alpha1",
-        "kind": "ClefDecision",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
-    }
 
 
 async def pool_entry(cluster: Cluster, pool: str, name: str = "clef") -> dict[str, Any]:

@@ -23,20 +23,21 @@ import pytest
 from kopf._cogs.clients import watching as kopf_watching
 
 from clef_operator import handlers, watch_healing
-from tests.operator.harness import DECISIONS, ISVCS, NODES, ROOT, Cluster, eventually, gpu_node, running_operator
+from tests.operator.harness import (
+    DECISIONS,
+    ISVCS,
+    NODES,
+    ROOT,
+    Cluster,
+    decision,
+    eventually,
+    gpu_node,
+    running_operator,
+)
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 pytestmark = pytest.mark.timeout(120)
-
-
-def decision(name: str = "clef", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "clef-serving.io/v1alpha1",
-        "kind": "ClefDecision",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"model": {"storageUri": "hf://cloudflare/clef-flash-fp8"}, **spec},
-    }
 
 
 async def max_model_len(cluster: Cluster, isvc: str) -> str | None:

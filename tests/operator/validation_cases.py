@@ -32,6 +32,7 @@ VALID: list[dict[str, Any]] = [
     },
     {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "keda": {"serverAddress": "http://prom:9090"}}},
     {"nodePools": {"labelKey": "pool", "declared": [{"name": "p", "computeCapability": "9.0"}]}},
+    {"backend": "deployment"},
 ]
 # (spec fields over BASE, the field both must name)
 INVALID: list[tuple[dict[str, Any], str]] = [
@@ -77,6 +78,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"nodePools": {"declared": [{"name": "p", "computeCapability": "9.0"}]}}, "nodePools"),
     ({"nodePools": {"removalGracePeriod": "10 minutes"}}, "removalGracePeriod"),
     ({"deploymentMode": "Serverless"}, "deploymentMode"),
+    ({"backend": "knative"}, "spec.backend"),
 ]
 
 

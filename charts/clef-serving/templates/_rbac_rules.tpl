@@ -4,7 +4,8 @@
 - apiGroups: [""]
   resources: [nodes]
   verbs: [list, watch]
-# kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs.
+# kopf: notice CRDs (ours, KServe's) that appear or go while the operator runs; the operator: confirm that no
+# InferenceService CRD exists before it chooses the deployment backend.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
@@ -35,10 +36,22 @@
 - apiGroups: [clef-serving.io]
   resources: [clefdecisions/finalizers]
   verbs: [update]
-# One InferenceService per eligible node pool; `get` reads the owner of one holding a wanted name.
+# One InferenceService per eligible node pool (the kserve backend); `get` reads the owner of one holding a
+# wanted name.
 - apiGroups: [serving.kserve.io]
   resources: [inferenceservices]
   verbs: [get, list, watch, create, patch, delete]
+# The deployment backend: a Deployment per eligible pool (watched for readiness; `get` as above), its Service,
+# and its HorizontalPodAutoscaler when autoscaled.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, create, patch, delete]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list, create, patch, delete]
 # Kubernetes Events for each decision.
 - apiGroups: [""]
   resources: [events]

@@ -1,0 +1,214 @@
+"""Pure builders of the deployment backend's objects: a Deployment, a Service and, when autoscaling asks for it, a
+HorizontalPodAutoscaler per eligible pool, for clusters without KServe.
+
+The pod is the InferenceService's (``builders.build_pod_spec``: the contract's one predictor container, its
+volumes, the pool's node selector and capability affinity). What KServe adds to an InferenceService's pod is
+done here instead: the release is put at ``/mnt/models`` (a ``pvc://`` claim mounted read-only; ``hf://``,
+``s3://`` and ``gs://`` fetched by KServe's storage-initializer image as an init container), the Service
+in front of the pods, and the autoscaler.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from clef_contract.container import CONTAINER_NAME
+from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_UID
+from clef_operator.builders import (
+    REPLACE_WITHOUT_SURGE,
+    build_pod_spec,
+    inferenceservice_name,
+    pool_annotations,
+    predictor_labels,
+)
+from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
+from clef_operator.pools import NodePool
+from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, SERVICES
+from clef_operator.spec import ClefDecisionSpec, Variant
+
+# KServe's storage initializer, the image that fetches hf://, s3:// and gs:// releases for KServe's own pods.
+DEFAULT_STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
+STORAGE_INITIALIZER = "storage-initializer"
+MODEL_VOLUME = "model"
+SERVICE_PORT = 80  # the port of KServe's own predictor Services
+DEFAULT_UTILIZATION = 80  # percent: KServe's default target for its HorizontalPodAutoscalers
+FETCHED_SCHEMES = ("hf://", "s3://", "gs://")
+
+
+class UnsupportedOnBackendError(ValueError):
+    """The spec asks for something only the kserve backend does (the message says what and what to do)."""
+
+
+def autoscaled(spec: ClefDecisionSpec, pool: NodePool) -> bool:
+    """Whether the pool's replicas move between a minimum and a maximum (so an autoscaler owns them)."""
+    low, high = spec.replicas_for(pool.name)
+    return low != high
+
+
+def model_source(
+    variant: Variant, storage_initializer_image: str
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The release at /mnt/models: (pod volume, the predictor's mount, init containers)."""
+    uri = variant.storageUri
+    if uri.startswith("pvc://"):
+        claim, _, sub_path = uri.removeprefix("pvc://").partition("/")
+        volume = {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+        if sub_path.strip("/"):
+            mount["subPath"] = sub_path.strip("/")
+        return volume, mount, []
+    if not uri.startswith(FETCHED_SCHEMES):
+        raise UnsupportedOnBackendError(
+            f"{uri.split('://', 1)[0]}:// releases are mounted by KServe (its modelcar): use spec.backend: kserve, "
+            "or a pvc://, hf://, s3:// or gs:// release with the deployment backend"
+        )
+    fetcher = {
+        "name": STORAGE_INITIALIZER,
+        "image": storage_initializer_image,
+        "args": [uri, MODEL_DIR],
+        "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": MODEL_DIR}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": PREDICTOR_UID,
+            "runAsGroup": PREDICTOR_GID,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    return (
+        {"name": MODEL_VOLUME, "emptyDir": {}},
+        {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True},
+        [fetcher],
+    )
+
+
+def _metadata(name: str, namespace: str, decision: str, pool: NodePool, variant: Variant) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": predictor_labels(decision, pool),
+        "annotations": pool_annotations(pool, variant),
+    }
+
+
+def build_deployment(
+    *,
+    decision: str,
+    namespace: str,
+    pool: NodePool,
+    spec: ClefDecisionSpec,
+    variant: Variant | None = None,
+    verified: bool = True,
+    name: str | None = None,
+    storage_initializer_image: str = DEFAULT_STORAGE_INITIALIZER_IMAGE,
+) -> dict[str, Any]:
+    """The Deployment running the pool's predictor pods (``replicas`` left to the autoscaler when autoscaled)."""
+    chosen = variant or spec.variants[0]
+    deployment_name = name or inferenceservice_name(decision, pool.name)
+    volume, mount, init_containers = model_source(chosen, storage_initializer_image)
+    if init_containers and spec.predictor.envFrom:
+        init_containers[0]["envFrom"] = copy.deepcopy(spec.predictor.envFrom)  # e.g. the bucket's credentials
+    pod = build_pod_spec(spec, pool, chosen, verified, security_context=True)
+    (container,) = (c for c in pod["containers"] if c["name"] == CONTAINER_NAME)
+    container["volumeMounts"].append(mount)
+    pod["volumes"].append(volume)
+    if init_containers:
+        pod["initContainers"] = init_containers
+    selector = {DECISION_LABEL: predictor_labels(decision, pool)[DECISION_LABEL], PREDICTOR_LABEL: deployment_name}
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector},
+        "strategy": copy.deepcopy(REPLACE_WITHOUT_SURGE),
+        "template": {"metadata": {"labels": {**predictor_labels(decision, pool), **selector}}, "spec": pod},
+    }
+    if not autoscaled(spec, pool):
+        deployment_spec["replicas"] = spec.replicas_for(pool.name)[0]
+    return {
+        "apiVersion": DEPLOYMENTS.api_version,
+        "kind": DEPLOYMENTS.kind,
+        "metadata": _metadata(deployment_name, namespace, decision, pool, chosen),
+        "spec": deployment_spec,
+    }
+
+
+def build_service(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The Service in front of a Deployment's predictor pods: port 80 to the container's ``http`` port."""
+    return {
+        "apiVersion": SERVICES.api_version,
+        "kind": SERVICES.kind,
+        "metadata": copy.deepcopy(deployment["metadata"]),
+        "spec": {
+            "selector": dict(deployment["spec"]["selector"]["matchLabels"]),
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[str, Any]) -> dict[str, Any] | None:
+    """The HorizontalPodAutoscaler of an autoscaled pool's Deployment (None for a fixed replica count).
+
+    It scales on the pods' CPU or memory utilization (``scaleMetric``, default cpu) toward ``scaleTarget``
+    percent (default 80), as KServe's Standard mode does.
+    """
+    if not autoscaled(spec, pool):
+        return None
+    scaling = spec.autoscaling
+    if scaling is not None and scaling.keda is not None:
+        raise UnsupportedOnBackendError(
+            "autoscaling.keda is served by the kserve backend; the deployment backend scales on cpu or memory"
+        )
+    metric = (scaling.scaleMetric if scaling else None) or "cpu"
+    if metric not in ("cpu", "memory"):
+        raise UnsupportedOnBackendError(
+            f"scaleMetric {metric} needs Knative (the kserve backend in Knative mode); the deployment backend's "
+            "HorizontalPodAutoscaler scales on cpu or memory"
+        )
+    low, high = spec.replicas_for(pool.name)
+    if low < 1:
+        raise UnsupportedOnBackendError(
+            "the deployment backend's HorizontalPodAutoscaler keeps at least 1 replica: set minReplicas to 1 or more"
+        )
+    target = (scaling.scaleTarget if scaling else None) or DEFAULT_UTILIZATION
+    return {
+        "apiVersion": HORIZONTAL_POD_AUTOSCALERS.api_version,
+        "kind": HORIZONTAL_POD_AUTOSCALERS.kind,
+        "metadata": copy.deepcopy(deployment["metadata"]),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": DEPLOYMENTS.api_version,
+                "kind": DEPLOYMENTS.kind,
+                "name": deployment["metadata"]["name"],
+            },
+            "minReplicas": low,
+            "maxReplicas": high,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": metric, "target": {"type": "Utilization", "averageUtilization": target}},
+                }
+            ],
+        },
+    }
+
+
+def deployment_ready(deployment: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether a Deployment has rolled out its current spec with every wanted replica available, else why not."""
+    if deployment is None:
+        return False, "not created yet"
+    meta, status = deployment.get("metadata") or {}, deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < meta.get("generation", 0):
+        return False, "the Deployment controller has not seen the current spec yet"
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    updated = status.get("updatedReplicas", 0)
+    if updated < wanted:
+        return False, f"rolling out: {updated}/{wanted} replicas run the current spec"
+    available = status.get("availableReplicas", 0)
+    if available < wanted:
+        return False, f"{available}/{wanted} replicas available"
+    return True, ""
+
+
+def service_url(name: str, namespace: str) -> str:
+    """The in-cluster URL of a pool's Service."""
+    return f"http://{name}.{namespace}.svc"

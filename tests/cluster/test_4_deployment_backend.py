@@ -1,0 +1,173 @@
+"""The deployment backend on a real control plane WITHOUT KServe: a cluster of its own (no KServe controller, no
+KServe CRD), the chart installed with its default values (``operator.defaultBackend: auto``), the README's
+ClefDecision applied. The operator finds no InferenceService resource in API discovery and serves every eligible
+pool with a Deployment and a Service, whose pods the real scheduler places on the pool's capable nodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from clef_cluster.cluster import Cluster, down, up
+from tests.cluster.helpers import DECISION_LABEL, FP8_POOLS, POOL_NODES, TOO_OLD_POOLS, is_ready, namespace, pod_ready
+from tests.cluster.helpers import pool_status as pools_of
+from tests.cluster.kube import CHART, EXAMPLE, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
+
+pytestmark = pytest.mark.cluster
+
+NS = README_NS
+REPLICAS = {"h100-pool": 2}  # the example's poolOverrides; every other pool runs 1
+PREDICTOR_LABEL = "clef-serving.io/predictor"
+ISVC_CRD = "inferenceservices.serving.kserve.io"
+
+
+@pytest.fixture(scope="module")
+def bare_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """A cluster of its own without KServe (controller and CRDs), kubectl/helm as its admin."""
+    folder = tmp_path_factory.mktemp("cluster-without-kserve")
+    running: Cluster = up(folder, with_kserve=False)
+    try:
+        yield Kube(running)
+    finally:
+        down(folder)
+
+
+@pytest.fixture(scope="module")
+def bare_operator(bare_kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    """The chart installed with its default values, and the operator running with its ServiceAccount's token."""
+    bare_kube.helm(
+        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
+    )
+    running = Operator(bare_kube, tmp_path_factory.mktemp("operator-without-kserve"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def served(bare_kube: Kube, bare_operator: Operator) -> dict[str, Any]:
+    """The README's ClefDecision applied with kubectl into ml-serving, Ready."""
+    namespace(bare_kube, NS)
+    bare_kube.run("apply", f"--namespace={NS}", "-f", str(EXAMPLE))
+    return eventually(
+        lambda: (d := bare_kube.get("clefdecision", "clef-flash", NS)) and is_ready(d) and d,
+        "the README's ClefDecision to be Ready",
+        timeout=180,
+    )
+
+
+def owned(kube: Kube, kind: str) -> dict[str, dict[str, Any]]:
+    """The README ClefDecision's objects of ``kind``, by name."""
+    return {o["metadata"]["name"]: o for o in kube.get(kind, namespace=NS, selector=f"{DECISION_LABEL}=clef-flash")}
+
+
+def test_the_cluster_has_no_kserve(bare_kube: Kube) -> None:
+    assert bare_kube.get("crd", ISVC_CRD) is None
+    resources = bare_kube.run("api-resources", "--api-group=serving.kserve.io", "-o", "name").stdout
+    assert resources.strip() == ""
+    assert not [p for p in bare_kube.cluster.processes if p.name.startswith("kserve")]
+
+
+def test_the_decision_is_ready_on_the_deployment_backend(bare_kube: Kube, served: dict[str, Any]) -> None:
+    assert served["status"]["backend"] == "deployment"
+    pools = pools_of(served)
+    assert set(pools) == FP8_POOLS | TOO_OLD_POOLS
+    for name in FP8_POOLS:
+        entry = pools[name]
+        assert entry["state"] == "Serving" and entry["ready"] is True, entry
+        assert entry["deployment"] == f"clef-flash-{name}" and "inferenceService" not in entry
+        assert entry["url"] == f"http://clef-flash-{name}.{NS}.svc"
+    for name in TOO_OLD_POOLS:
+        assert pools[name]["state"] == "Ineligible" and pools[name]["reason"] == "ComputeCapabilityTooLow"
+    assert served["status"]["poolsReady"] == "4/4"
+    ready = next(c for c in served["status"]["conditions"] if c["type"] == "PredictorsReady")
+    assert ready["message"] == "4/4 Deployments ready"
+
+
+def test_a_deployment_and_a_service_per_eligible_pool_owned_by_the_decision(
+    bare_kube: Kube, served: dict[str, Any]
+) -> None:
+    expected = {f"clef-flash-{pool}" for pool in FP8_POOLS}
+    deployments, services = owned(bare_kube, "deployments"), owned(bare_kube, "services")
+    assert set(deployments) == set(services) == expected
+    for obj in [*deployments.values(), *services.values()]:
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == served["metadata"]["uid"] and owner["controller"] is True
+    for name, service in services.items():
+        assert service["spec"]["selector"] == {DECISION_LABEL: "clef-flash", PREDICTOR_LABEL: name}
+        assert service["spec"]["ports"][0]["port"] == 80 and service["spec"]["ports"][0]["targetPort"] == "http"
+    assert owned(bare_kube, "horizontalpodautoscalers") == {}  # fixed replica counts: no autoscaler
+
+
+@pytest.mark.parametrize("pool", sorted(FP8_POOLS))
+def test_the_scheduler_runs_the_predictor_on_the_pool_nodes_only(
+    bare_kube: Kube, served: dict[str, Any], pool: str
+) -> None:
+    name = f"clef-flash-{pool}"
+    replicas = REPLICAS.get(pool, 1)
+    deployment = bare_kube.get("deployment", name, NS)
+    assert deployment["status"].get("availableReplicas") == replicas, deployment["status"]
+    pods = bare_kube.get("pods", namespace=NS, selector=f"{PREDICTOR_LABEL}={name}")
+    assert len(pods) == replicas
+    for pod in pods:
+        assert pod_ready(pod), pod["status"]
+        assert pod["spec"]["nodeName"] in POOL_NODES[pool]
+        (container,) = pod["spec"]["containers"]
+        assert container["name"] == "kserve-container"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/mnt/models"]["subPath"] == "clef-flash-fp8" and mounts["/mnt/models"]["readOnly"] is True
+
+
+def test_nothing_runs_on_the_too_old_pools(bare_kube: Kube, served: dict[str, Any]) -> None:
+    too_old = set().union(*(POOL_NODES[name] for name in TOO_OLD_POOLS))
+    assert not [p for p in bare_kube.get("pods", namespace=NS) if p["spec"].get("nodeName") in too_old]
+
+
+def test_the_api_server_keeps_what_the_operator_wrote(
+    bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
+) -> None:
+    """Nothing the API server defaults or normalizes looks like drift: no Deployment was rewritten after its
+    creation, and no Service is written over 10 s of steady state."""
+    for name, deployment in owned(bare_kube, "deployments").items():
+        assert deployment["metadata"]["generation"] == 1, (name, deployment["metadata"])
+    before = {name: s["metadata"]["resourceVersion"] for name, s in owned(bare_kube, "services").items()}
+    time.sleep(10)
+    assert {name: s["metadata"]["resourceVersion"] for name, s in owned(bare_kube, "services").items()} == before
+    assert "Traceback" not in bare_operator.log_text()
+
+
+def test_autoscaling_adds_a_horizontal_pod_autoscaler(
+    bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
+) -> None:
+    bare_kube.run(
+        "patch",
+        "clefdecision",
+        "clef-flash",
+        f"--namespace={NS}",
+        "--type=merge",
+        "-p",
+        '{"spec": {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "scaleMetric": "cpu", "scaleTarget": 75}}}',
+    )
+    autoscaled = {f"clef-flash-{pool}" for pool in FP8_POOLS - set(REPLICAS)}  # h100-pool's override stays fixed
+    hpas = eventually(
+        lambda: (found := owned(bare_kube, "horizontalpodautoscalers")) and set(found) == autoscaled and found,
+        "a HorizontalPodAutoscaler per autoscaled pool",
+    )
+    for name, hpa in hpas.items():
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)
+        assert hpa["spec"]["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 75}
+    eventually(lambda: is_ready(bare_kube.get("clefdecision", "clef-flash", NS)), "the ClefDecision still Ready")
+
+
+def test_deleting_the_decision_removes_everything(bare_kube: Kube, served: dict[str, Any]) -> None:
+    bare_kube.run("delete", "clefdecision", "clef-flash", f"--namespace={NS}", "--wait=true", "--timeout=60s")
+    for kind in ("deployments", "services", "horizontalpodautoscalers", "replicasets", "pods"):
+        eventually(partial(lambda kind: bare_kube.get(kind, namespace=NS) == [] or None, kind), f"no {kind} left")

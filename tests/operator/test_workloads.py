@@ -1,0 +1,223 @@
+"""The deployment backend's pure builders: the InferenceService's pod in a Deployment, its Service and autoscaler,
+the release at /mnt/models without KServe, readiness from the Deployment's status, and what only KServe does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from clef_contract.predictor import MODEL_DIR
+from clef_operator import workloads as w
+from clef_operator.builders import build_inferenceservice, build_update_patch
+from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
+from clef_operator.kube import ApiError
+from clef_operator.pools import NodePool
+from clef_operator.reconcile import Policy, resolve_backend
+from clef_operator.spec import parse_spec
+
+POOL = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())
+
+
+def _spec(uri: str = "hf://cloudflare/clef-flash-fp8", **extra: Any) -> Any:
+    return parse_spec({"model": {"storageUri": uri, "name": "clef-flash"}, **extra})
+
+
+def _deployment(spec: Any, **options: Any) -> dict[str, Any]:
+    return w.build_deployment(decision="clef", namespace="ml", pool=POOL, spec=spec, **options)
+
+
+def test_the_pod_is_the_inferenceservices_plus_the_release_kserve_would_mount() -> None:
+    spec = _spec(
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        priorityClassName="serving",
+        predictor={"envFrom": [{"secretRef": {"name": "hf-token"}}]},
+    )
+    predictor = build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
+    deployment = _deployment(spec, storage_initializer_image="registry.local/fetch:1")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (isvc_container,) = predictor["containers"]
+    model_mount = {"name": w.MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+    assert container == {**isvc_container, "volumeMounts": [*isvc_container["volumeMounts"], model_mount]}
+    for field in ("nodeSelector", "affinity", "tolerations", "priorityClassName", "securityContext"):
+        assert pod[field] == predictor[field], field
+    assert pod["volumes"] == [*predictor["volumes"], {"name": w.MODEL_VOLUME, "emptyDir": {}}]
+    (fetcher,) = pod["initContainers"]
+    assert fetcher["image"] == "registry.local/fetch:1"
+    assert fetcher["args"] == ["hf://cloudflare/clef-flash-fp8", MODEL_DIR]
+    assert fetcher["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # no surge pod waiting for a GPU
+    assert deployment["spec"]["replicas"] == 1
+
+
+def test_a_pvc_release_is_mounted_read_only_without_a_fetcher() -> None:
+    pod = _deployment(_spec("pvc://clef-models/releases/clef-flash-fp8/"))["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert pod["volumes"][-1] == {
+        "name": w.MODEL_VOLUME,
+        "persistentVolumeClaim": {"claimName": "clef-models", "readOnly": True},
+    }
+    assert pod["containers"][0]["volumeMounts"][-1] == {
+        "name": w.MODEL_VOLUME,
+        "mountPath": MODEL_DIR,
+        "readOnly": True,
+        "subPath": "releases/clef-flash-fp8",
+    }
+
+
+def test_labels_selector_and_service() -> None:
+    deployment = _deployment(_spec(), name="clef-h100-pool")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == {DECISION_LABEL: "clef", PREDICTOR_LABEL: "clef-h100-pool"}
+    template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert template_labels.items() >= selector.items()
+    assert template_labels.items() >= deployment["metadata"]["labels"].items()  # the NetworkPolicy's selector
+    assert deployment["metadata"]["annotations"]["clef-serving.io/pool"] == "h100-pool"
+    service = w.build_service(deployment)
+    assert service["metadata"] == deployment["metadata"]
+    assert service["spec"] == {
+        "selector": selector,
+        "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+    }
+
+
+def test_fixed_replicas_have_no_autoscaler() -> None:
+    spec = _spec(replicas=3)
+    deployment = _deployment(spec)
+    assert deployment["spec"]["replicas"] == 3
+    assert w.build_autoscaler(spec, POOL, deployment) is None
+
+
+def test_autoscaling_gets_a_horizontal_pod_autoscaler_that_owns_the_replicas() -> None:
+    spec = _spec(autoscaling={"minReplicas": 1, "maxReplicas": 4, "scaleMetric": "memory", "scaleTarget": 70})
+    deployment = _deployment(spec, name="clef-h100-pool")
+    assert "replicas" not in deployment["spec"]
+    hpa = w.build_autoscaler(spec, POOL, deployment)
+    assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"] == {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "clef-h100-pool"},
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "metrics": [
+            {
+                "type": "Resource",
+                "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 70}},
+            }
+        ],
+    }
+    default = w.build_autoscaler(_spec(autoscaling={"maxReplicas": 2}), POOL, deployment)
+    assert default is not None and default["spec"]["metrics"][0]["resource"] == {
+        "name": "cpu",
+        "target": {"type": "Utilization", "averageUtilization": w.DEFAULT_UTILIZATION},
+    }
+
+
+def test_an_autoscaler_update_leaves_the_replicas_to_it() -> None:
+    spec = _spec(autoscaling={"minReplicas": 1, "maxReplicas": 4})
+    desired = _deployment(spec)
+    live = {**desired, "metadata": {**desired["metadata"], "resourceVersion": "7"}}
+    live["spec"] = {**desired["spec"], "replicas": 3}
+    ops = build_update_patch(live, desired, whole_spec=False)
+    assert {op["path"] for op in ops if op["path"].startswith("/spec")} == {
+        "/spec/selector",
+        "/spec/strategy",
+        "/spec/template",
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "found"),
+    [
+        (_spec("oci://registry/clef:1"), "oci:// releases are mounted by KServe"),
+        (_spec(autoscaling={"maxReplicas": 2, "scaleMetric": "concurrency"}), "scaleMetric concurrency needs Knative"),
+        (_spec(autoscaling={"minReplicas": 0, "maxReplicas": 2}), "keeps at least 1 replica"),
+        (
+            _spec(autoscaling={"maxReplicas": 2, "keda": {"serverAddress": "http://prometheus:9090"}}),
+            "autoscaling.keda is served by the kserve backend",
+        ),
+    ],
+)
+def test_what_only_kserve_does_is_refused_saying_so(spec: Any, found: str) -> None:
+    with pytest.raises(w.UnsupportedOnBackendError, match=found):
+        w.build_autoscaler(spec, POOL, _deployment(spec))
+
+
+@pytest.mark.parametrize(
+    ("deployment", "ready", "why"),
+    [
+        (None, False, "not created yet"),
+        ({"metadata": {"generation": 2}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1}}, False, "seen"),
+        (
+            {
+                "metadata": {"generation": 2},
+                "spec": {"replicas": 2},
+                "status": {"observedGeneration": 2, "updatedReplicas": 1},
+            },
+            False,
+            "rolling out: 1/2",
+        ),
+        (
+            {
+                "metadata": {"generation": 2},
+                "spec": {"replicas": 2},
+                "status": {"observedGeneration": 2, "updatedReplicas": 2, "availableReplicas": 1},
+            },
+            False,
+            "1/2 replicas available",
+        ),
+        (
+            {
+                "metadata": {"generation": 2},
+                "spec": {"replicas": 2},
+                "status": {"observedGeneration": 2, "updatedReplicas": 2, "availableReplicas": 2},
+            },
+            True,
+            "",
+        ),
+    ],
+)
+def test_readiness_is_every_wanted_replica_available_on_the_current_spec(
+    deployment: dict[str, Any] | None, ready: bool, why: str
+) -> None:
+    found_ready, found_why = w.deployment_ready(deployment)
+    assert found_ready is ready and why in found_why
+
+
+class Discovery:
+    """The one call resolve_backend makes: whether InferenceServices are served (or a failure)."""
+
+    def __init__(self, answer: bool | Exception) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    async def served(self, resource: Any) -> bool:
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("fields", "default", "previous", "served", "chosen"),
+    [
+        ({"backend": "deployment"}, "kserve", {"backend": "kserve"}, True, "deployment"),  # the spec's word
+        ({}, "deployment", {"backend": "kserve"}, True, "deployment"),  # then the operator's default
+        ({}, "auto", {"backend": "deployment"}, True, "deployment"),  # then the one it already has
+        ({}, "auto", {}, True, "kserve"),  # then discovery
+        ({}, "auto", {}, False, "deployment"),
+    ],
+)
+async def test_backend_resolution(
+    fields: dict[str, Any], default: str, previous: dict[str, Any], served: bool, chosen: str
+) -> None:
+    discovery = Discovery(served)
+    policy = Policy(default_backend=default)
+    assert await resolve_backend(_spec(**fields), policy, previous, discovery) == chosen  # type: ignore[arg-type]
+    assert discovery.calls == (1 if not fields and default == "auto" and not previous else 0)
+
+
+async def test_a_failed_discovery_decides_nothing() -> None:
+    discovery = Discovery(ApiError("discovering /apis/serving.kserve.io/v1beta1", 503, "unavailable"))
+    with pytest.raises(ApiError):
+        await resolve_backend(_spec(), Policy(), {}, discovery)  # type: ignore[arg-type]
