@@ -425,22 +425,15 @@ async def inferenceservice_changed(
     body: kopf.Body, namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """A changed InferenceService (the kserve backend): see child_changed."""
-    child_changed(body, namespace, name, type, memo, gpu_nodes, decisions)
+    child_changed(body, _namespaced(namespace), name, type, memo, *_indices(kwargs))
 
 
 @kopf.on.event(DEPLOYMENTS.group, DEPLOYMENTS.version, DEPLOYMENTS.plural)
 async def deployment_changed(
-    body: kopf.Body,
-    namespace: str,
-    name: str,
-    type: str | None,
-    memo: kopf.Memo,
-    gpu_nodes: kopf.Index[str, GpuNode],
-    decisions: kopf.Index[Key, dict[str, Any]],
-    **_: Any,
+    body: kopf.Body, namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """A changed Deployment (the deployment backend; a Deployment holding a wanted name): see child_changed."""
-    child_changed(body, namespace, name, type, memo, gpu_nodes, decisions)
+    child_changed(body, _namespaced(namespace), name, type, memo, *_indices(kwargs))
 
 
 def child_changed(
@@ -456,9 +449,8 @@ def child_changed(
     events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
     one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
     state = _state(memo)
-    gpu_nodes, decisions = _indices(kwargs)
     _remember(state, memo, gpu_nodes, decisions)
-    isvc_namespace = _namespaced(namespace)
+    isvc_namespace = namespace
     owner = next(
         (
             ref
