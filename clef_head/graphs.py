@@ -268,7 +268,8 @@ class GraphedHead:
     def _allocate(self, bucket: Bucket, hidden_size: int, dtype: torch.dtype, device: torch.device) -> _Captured:
         """A bucket's input buffers. The per-token ones (hidden states, token ids, padding) are views of
         one buffer of :data:`MAX_GRAPH_TOKENS` rows shared by every bucket, so memory does not grow with
-        the number of buckets by a [tokens, hidden] block each."""
+        the number of buckets by a [tokens, hidden] block each. Every dtype is explicit: vLLM's loader,
+        where :meth:`warm_up` runs, sets the default dtype to the model's."""
         tokens, questions, options = bucket.tokens, bucket.questions, bucket.options
         with torch.inference_mode(False), torch.no_grad():
             if self._token_buffers is None or self._token_buffers[0].dtype != dtype:
@@ -283,10 +284,10 @@ class GraphedHead:
                 token_ids=token_ids[:tokens],
                 memory_padding=memory_padding[:, :tokens],
                 last_token=torch.zeros(1, dtype=torch.long, device=device),
-                question_members=torch.zeros(questions, tokens, device=device),
-                question_lengths=torch.ones(questions, 1, device=device),
-                option_members=torch.zeros(options, tokens, device=device),
-                option_lengths=torch.ones(options, 1, device=device),
+                question_members=torch.zeros(questions, tokens, dtype=torch.float32, device=device),
+                question_lengths=torch.ones(questions, 1, dtype=torch.float32, device=device),
+                option_members=torch.zeros(options, tokens, dtype=torch.float32, device=device),
+                option_lengths=torch.ones(options, 1, dtype=torch.float32, device=device),
                 option_question=torch.zeros(options, dtype=torch.long, device=device),
                 question_options=torch.zeros(questions, options, dtype=torch.bool, device=device),
                 question_types=torch.zeros(questions, dtype=torch.long, device=device),

@@ -60,6 +60,27 @@ def test_every_bucket_a_record_can_meet_is_warmed_up() -> None:
     assert GraphedHead(head, graphs=True).warm_up(TINY_HEAD.hidden_size, lm_head) == 0  # the CPU: no graphs
 
 
+def test_warm_up_under_a_bfloat16_default_dtype() -> None:
+    """vLLM loads weights (and so runs the warm-up) with the default dtype set to the model's: the
+    buffers keep their own dtypes, and a record served afterwards still gets the head's logits."""
+    head = random_head(TINY_HEAD, seed=3).to(torch.bfloat16).eval()
+    graphed = GraphedHead(head, graphs=False)
+    hidden, ids, layout, lm_head = _record(300, 3, seed=6)
+    hidden, lm_head = hidden.to(torch.bfloat16), lm_head.to(torch.bfloat16)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.inference_mode():
+            graphed.warm_up(TINY_HEAD.hidden_size, lm_head)
+    finally:
+        torch.set_default_dtype(previous)
+    assert all(inputs.question_members.dtype == torch.float32 for inputs, *_ in graphed._captured.values())
+    with torch.inference_mode():
+        got = graphed([hidden], [ids], [layout], lm_head)[0]
+        expected = head([hidden], [ids], [layout], lm_head)[0]
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=5e-2)
+
+
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("questions", QUESTIONS)
 def test_static_pass_equals_the_head_on_the_cpu(length: int, questions: int) -> None:
