@@ -5,8 +5,8 @@ times their run time. :class:`GraphedHead` runs a batch of exactly one record th
 forward pass (:func:`static_forward`) whose shapes are the record's rounded up to a bucket (prompt
 tokens to a multiple of :data:`TOKEN_BUCKET`; questions and options always padded to
 :data:`MAX_GRAPH_QUESTIONS` and :data:`MAX_GRAPH_OPTIONS`), captured once per bucket as a CUDA graph and
-replayed. Padding questions and options to their maxima costs the replay next to nothing (the extra rows
-ride in kernels that are launch-bound) and leaves only :data:`ALL_BUCKETS`, one per token bucket, so
+replayed. Padding questions and options to their maxima only adds rows to small kernels whose time is
+mostly their launch, and leaves only :data:`ALL_BUCKETS`, one per token bucket, so
 :meth:`GraphedHead.warm_up` can capture every graph a served record can meet before the first request.
 Batches of several records, records beyond the largest bucket, and any device other than CUDA take
 :class:`~clef_head.head.JointSchemaHead`'s own forward.
