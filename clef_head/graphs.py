@@ -3,9 +3,13 @@
 A lone record's head forward is a few hundred small kernels: on a GPU, launching them costs several
 times their run time. :class:`GraphedHead` runs a batch of exactly one record through a static-shape
 forward pass (:func:`static_forward`) whose shapes are the record's rounded up to a bucket (prompt
-tokens to a multiple of :data:`TOKEN_BUCKET`, questions and options to powers of two), captured once
-per bucket as a CUDA graph and replayed. Batches of several records, records beyond the largest
-bucket, and any device other than CUDA take :class:`~clef_head.head.JointSchemaHead`'s own forward.
+tokens to a multiple of :data:`TOKEN_BUCKET`; questions and options always padded to
+:data:`MAX_GRAPH_QUESTIONS` and :data:`MAX_GRAPH_OPTIONS`), captured once per bucket as a CUDA graph and
+replayed. Padding questions and options to their maxima only adds rows to small kernels whose time is
+mostly their launch, and leaves only :data:`ALL_BUCKETS`, one per token bucket, so
+:meth:`GraphedHead.warm_up` can capture every graph a served record can meet before the first request.
+Batches of several records, records beyond the largest bucket, and any device other than CUDA take
+:class:`~clef_head.head.JointSchemaHead`'s own forward.
 
 The static pass computes the same function as the dynamic one: span means are products with 0/1
 membership matrices (accumulated in float32, as the dynamic pass's ``index_add``), the per-question
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from clef_head.head import MAX_LOG_SCALE, JointSchemaHead
-from clef_head.layout import RecordLayout
+from clef_head.layout import QuestionLayout, RecordLayout
 
 TOKEN_BUCKET = 128
 """Prompt lengths are rounded up to a multiple of this many tokens."""
@@ -36,34 +40,28 @@ MAX_GRAPH_QUESTIONS = 32
 MAX_GRAPH_OPTIONS = 128
 
 
-def _power_of_two(count: int, smallest: int) -> int:
-    return max(smallest, 1 << max(count - 1, 0).bit_length())
-
-
 @dataclass(frozen=True)
 class Bucket:
     """Padded shape of one record: prompt tokens, questions, options."""
 
     tokens: int
-    questions: int
-    options: int
+    questions: int = MAX_GRAPH_QUESTIONS
+    options: int = MAX_GRAPH_OPTIONS
 
     @classmethod
-    def of(cls, length: int, layout: RecordLayout) -> Bucket:
-        """The bucket a record of ``length`` tokens and ``layout`` falls into."""
-        return cls(
-            tokens=TOKEN_BUCKET * math.ceil(length / TOKEN_BUCKET),
-            questions=_power_of_two(len(layout.questions), 2),
-            options=_power_of_two(layout.option_count, 4),
-        )
+    def of(cls, length: int, layout: RecordLayout) -> Bucket | None:
+        """The bucket a record of ``length`` tokens and ``layout`` falls into; None past the largest."""
+        if length > MAX_GRAPH_TOKENS or len(layout.questions) > MAX_GRAPH_QUESTIONS:
+            return None
+        if layout.option_count > MAX_GRAPH_OPTIONS:
+            return None
+        return cls(tokens=TOKEN_BUCKET * math.ceil(length / TOKEN_BUCKET))
 
-    def fits(self) -> bool:
-        """Whether records of this bucket are run as graphs."""
-        return (
-            self.tokens <= MAX_GRAPH_TOKENS
-            and self.questions <= MAX_GRAPH_QUESTIONS
-            and self.options <= MAX_GRAPH_OPTIONS
-        )
+
+ALL_BUCKETS = tuple(Bucket(tokens) for tokens in range(TOKEN_BUCKET, MAX_GRAPH_TOKENS + 1, TOKEN_BUCKET))
+"""Every bucket :meth:`Bucket.of` can return: what :meth:`GraphedHead.warm_up` captures."""
+WARM_UP_LAYOUT = RecordLayout(questions=(QuestionLayout("warm-up", 0, (0, 1), ((0, 1),), ("warm-up",)),))
+"""A one-question, one-option layout that fits every bucket (the warm-up's placeholder record)."""
 
 
 class StaticInputs(NamedTuple):
@@ -217,7 +215,7 @@ class GraphedHead:
         """Option logits per record, as :meth:`JointSchemaHead.forward` returns them."""
         if len(layouts) == 1:
             bucket = Bucket.of(len(input_ids[0]), layouts[0])
-            if bucket.fits() and (lm_head_weight.device.type == "cuda" or not self.graphs):
+            if bucket is not None and (lm_head_weight.device.type == "cuda" or not self.graphs):
                 return [self.one_record(hidden_states[0], input_ids[0], layouts[0], lm_head_weight, bucket)]
         return self.head(hidden_states, input_ids, layouts, lm_head_weight)
 
@@ -250,10 +248,28 @@ class GraphedHead:
         graph.replay()
         return output[: layout.option_count].clone()
 
+    def warm_up(self, hidden_size: int, lm_head_weight: torch.Tensor) -> int:
+        """Run every bucket of :data:`ALL_BUCKETS` once with a placeholder record (on CUDA with graphs:
+        capture its graph) so that no served record pays for a capture; the number of buckets run.
+
+        Graphs read ``lm_head_weight`` at its current address: warm up with the table the served
+        calls will pass. With ``graphs=False`` each bucket's static pass runs once; with graphs off CUDA
+        nothing runs (such calls take the dynamic pass)."""
+        if self.graphs and lm_head_weight.device.type != "cuda":
+            return 0
+        dtype = self.head.hidden_norm.weight.dtype
+        with torch.no_grad():
+            for bucket in ALL_BUCKETS:
+                hidden = torch.zeros(bucket.tokens, hidden_size, dtype=dtype, device=lm_head_weight.device)
+                token_ids = torch.zeros(bucket.tokens, dtype=torch.long)
+                self.one_record(hidden, token_ids, WARM_UP_LAYOUT, lm_head_weight, bucket)
+        return len(ALL_BUCKETS)
+
     def _allocate(self, bucket: Bucket, hidden_size: int, dtype: torch.dtype, device: torch.device) -> _Captured:
         """A bucket's input buffers. The per-token ones (hidden states, token ids, padding) are views of
         one buffer of :data:`MAX_GRAPH_TOKENS` rows shared by every bucket, so memory does not grow with
-        the number of buckets by a [tokens, hidden] block each."""
+        the number of buckets by a [tokens, hidden] block each. Every dtype is explicit: vLLM's loader,
+        where :meth:`warm_up` runs, sets the default dtype to the model's."""
         tokens, questions, options = bucket.tokens, bucket.questions, bucket.options
         with torch.inference_mode(False), torch.no_grad():
             if self._token_buffers is None or self._token_buffers[0].dtype != dtype:
@@ -268,10 +284,10 @@ class GraphedHead:
                 token_ids=token_ids[:tokens],
                 memory_padding=memory_padding[:, :tokens],
                 last_token=torch.zeros(1, dtype=torch.long, device=device),
-                question_members=torch.zeros(questions, tokens, device=device),
-                question_lengths=torch.ones(questions, 1, device=device),
-                option_members=torch.zeros(options, tokens, device=device),
-                option_lengths=torch.ones(options, 1, device=device),
+                question_members=torch.zeros(questions, tokens, dtype=torch.float32, device=device),
+                question_lengths=torch.ones(questions, 1, dtype=torch.float32, device=device),
+                option_members=torch.zeros(options, tokens, dtype=torch.float32, device=device),
+                option_lengths=torch.ones(options, 1, dtype=torch.float32, device=device),
                 option_question=torch.zeros(options, dtype=torch.long, device=device),
                 question_options=torch.zeros(questions, options, dtype=torch.bool, device=device),
                 question_types=torch.zeros(questions, dtype=torch.long, device=device),

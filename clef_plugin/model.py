@@ -15,10 +15,13 @@ one rank the shard is the full table and nothing is copied. Pipeline parallelism
 CUDA graphs: unless the engine runs eagerly (``enforce_eager``), a step that completes one request on
 a GPU runs the head as a CUDA graph captured for that request's bucketed shape
 (:class:`clef_head.graphs.GraphedHead`); steps completing several requests run the batched forward.
+Every bucket's graph is captured right after loading, so no request pays for a capture.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,6 +35,8 @@ from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
 from clef_plugin.pooler import JointSchemaPooler
+
+logger = logging.getLogger(__name__)
 
 HEAD_PREFIX = "joint_head."
 """Checkpoint names under this prefix belong to the head, never to the backbone."""
@@ -105,6 +110,11 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
             raise ValueError(
                 f"the head expects hidden size {head.config.hidden_size}, the backbone has {lm_head.shape[1]}"
             )
-        use_graphs = self.head_graphs and lm_head.device.type == "cuda"
-        self.pooler.head = GraphedHead(head) if use_graphs else head
+        if self.head_graphs and lm_head.device.type == "cuda":
+            self.pooler.head = graphed = GraphedHead(head)
+            started = time.perf_counter()
+            count = graphed.warm_up(head.config.hidden_size, self.lexical_table())
+            logger.info("captured the head's %d CUDA graphs in %.2f s", count, time.perf_counter() - started)
+        else:
+            self.pooler.head = head
         return loaded | {name for name, _ in head.named_parameters(prefix="pooler.head")}

@@ -7,7 +7,15 @@ import random
 import pytest
 import torch
 
-from clef_head.graphs import MAX_GRAPH_TOKENS, TOKEN_BUCKET, Bucket, GraphedHead
+from clef_head.graphs import (
+    ALL_BUCKETS,
+    MAX_GRAPH_OPTIONS,
+    MAX_GRAPH_QUESTIONS,
+    MAX_GRAPH_TOKENS,
+    TOKEN_BUCKET,
+    Bucket,
+    GraphedHead,
+)
 from clef_head.layout import RecordLayout
 from clef_tools.tiny import TINY_HEAD, random_head
 from tests.head.test_head_sync_free import _inputs, _layout
@@ -27,10 +35,50 @@ def test_buckets_round_up_and_bound_the_graphs() -> None:
     rng = random.Random(0)
     layout = _layout(rng, 600, 3)
     bucket = Bucket.of(517, layout)
-    assert bucket.tokens == 640 and bucket.questions == 4 and bucket.options >= layout.option_count
-    assert bucket.options & (bucket.options - 1) == 0 and bucket.fits()
-    assert Bucket.of(TOKEN_BUCKET, layout).tokens == TOKEN_BUCKET
-    assert not Bucket.of(MAX_GRAPH_TOKENS + 1, layout).fits()
+    assert bucket == Bucket(tokens=640, questions=MAX_GRAPH_QUESTIONS, options=MAX_GRAPH_OPTIONS)
+    assert bucket in ALL_BUCKETS
+    assert Bucket.of(TOKEN_BUCKET, layout) == Bucket(tokens=TOKEN_BUCKET)
+    assert Bucket.of(MAX_GRAPH_TOKENS + 1, layout) is None
+    assert Bucket.of(600, _layout(rng, 600, MAX_GRAPH_QUESTIONS + 1)) is None
+
+
+def test_every_bucket_a_record_can_meet_is_warmed_up() -> None:
+    """Warm-up runs each of ALL_BUCKETS once; afterwards no length up to the largest bucket meets a new one."""
+    head = random_head(TINY_HEAD, seed=3).eval()
+    graphed = GraphedHead(head, graphs=False)
+    lm_head = _record(9, 1, seed=0)[3]
+    with torch.inference_mode():
+        assert graphed.warm_up(TINY_HEAD.hidden_size, lm_head) == len(ALL_BUCKETS)
+    assert set(graphed._captured) == set(ALL_BUCKETS)
+    layout = _layout(random.Random(1), MAX_GRAPH_TOKENS, 3)
+    assert {Bucket.of(length, layout) for length in range(1, MAX_GRAPH_TOKENS + 1)} == set(ALL_BUCKETS)
+    record = _record(517, 3, seed=4)
+    with torch.inference_mode():  # a real record after the placeholder one: the head's own logits
+        got = graphed([record[0]], [record[1]], [record[2]], record[3])[0]
+        expected = head([record[0]], [record[1]], [record[2]], record[3])[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+    assert GraphedHead(head, graphs=True).warm_up(TINY_HEAD.hidden_size, lm_head) == 0  # the CPU: no graphs
+
+
+def test_warm_up_under_a_bfloat16_default_dtype() -> None:
+    """vLLM loads weights (and so runs the warm-up) with the default dtype set to the model's: the
+    buffers keep their own dtypes, and a record served afterwards still gets the head's logits."""
+    head = random_head(TINY_HEAD, seed=3).to(torch.bfloat16).eval()
+    graphed = GraphedHead(head, graphs=False)
+    hidden, ids, layout, lm_head = _record(300, 3, seed=6)
+    hidden, lm_head = hidden.to(torch.bfloat16), lm_head.to(torch.bfloat16)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.inference_mode():
+            graphed.warm_up(TINY_HEAD.hidden_size, lm_head)
+    finally:
+        torch.set_default_dtype(previous)
+    assert all(inputs.question_members.dtype == torch.float32 for inputs, *_ in graphed._captured.values())
+    with torch.inference_mode():
+        got = graphed([hidden], [ids], [layout], lm_head)[0]
+        expected = head([hidden], [ids], [layout], lm_head)[0]
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=5e-2)
 
 
 @pytest.mark.parametrize("length", LENGTHS)
@@ -96,6 +144,13 @@ def test_graph_replay_equals_the_eager_static_pass_on_cuda(dtype: torch.dtype) -
             torch.testing.assert_close(replayed.float(), head(*args)[0].float(), rtol=0, atol=tolerance)
         buckets = graphed.captures
         assert 0 < buckets < len(records)
+        assert graphed.warm_up(table.shape[1], table) == len(ALL_BUCKETS)
+        buckets = graphed.captures
+        assert buckets == len(ALL_BUCKETS)  # the buckets met above were not captured again
+        for hidden, ids, layout, _ in records:  # served after warm-up: replays only, still exact
+            args = ([hidden.cuda().to(dtype)], [ids], [layout], table)
+            assert torch.equal(graphed(*args)[0], eager(*args)[0])
+        assert graphed.captures == buckets
         hidden, ids, layout, _ = records[0]
         other = table.clone()
         args = ([hidden.cuda().to(dtype)], [ids], [layout], other)
