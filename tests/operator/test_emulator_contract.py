@@ -1,0 +1,35 @@
+"""Pins what the test-side emulator (tests/operator/emulator.py) leans on in kmock's private modules, so that an
+upgrade of kmock fails here, by name, before the emulator's tests misbehave."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+
+import attrs
+import kmock
+from kmock._internal import enums, references, rendering
+
+KMOCK_VERSION = "0.8"  # the dev extra pins it exactly (pyproject.toml)
+
+
+def test_kmock_is_the_pinned_version() -> None:
+    assert importlib.metadata.version("kmock") == KMOCK_VERSION
+
+
+def test_the_private_names_the_emulator_reads_exist() -> None:
+    assert {"CREATE", "UPDATE", "DELETE"} <= set(enums.action.__members__)  # the actions the emulator compares
+    assert inspect.isclass(references.resource)
+    assert inspect.isclass(rendering.Request)
+    assert rendering.Payload is not None  # a type alias the emulator's signatures name
+
+
+def test_the_emulator_methods_it_overrides_or_calls_exist() -> None:
+    emulator = kmock.KubernetesEmulator
+    for name in ("_handle", "_serve_list", "_serve_version", "_serve_watch"):
+        assert callable(getattr(emulator, name, None)), name
+
+
+def test_the_emulator_state_it_reads_is_declared() -> None:
+    fields = {field.name for field in attrs.fields(kmock.KubernetesEmulator)}
+    assert {"_requests", "_objects", "_lock", "_buses"} <= fields
