@@ -6,16 +6,26 @@ a change keeps working. Nothing else in the plugin reaches into vLLM internals t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 import torch
 import vllm
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.pooler import PoolingParamsUpdate
 from vllm.model_executor.layers.pooler.abstract import Pooler
 from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
 from vllm.model_executor.models.config import MODELS_CONFIG_MAP, Qwen3_5ForConditionalGenerationConfig
+from vllm.model_executor.models.qwen3_5 import Qwen3_5ProcessingInfo
+from vllm.model_executor.models.qwen3_vl import (
+    Qwen3VLDummyInputsBuilder,
+    Qwen3VLMultiModalDataParser,
+    Qwen3VLMultiModalProcessor,
+)
+from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.v1.pool.metadata import PoolingMetadata
 
 SUPPORTED_VLLM = SpecifierSet(">=0.26.0,<0.33")
@@ -32,7 +42,9 @@ __all__ = [
     "check_vllm_version",
     "finished_mask",
     "install_config_hook",
+    "processed_image_settings",
     "prompt_hidden_states",
+    "register_processed_images",
 ]
 
 
@@ -79,3 +91,48 @@ def install_config_hook(architecture: str, hook: type) -> None:
 
 QWEN3_5_CONFIG_HOOK = Qwen3_5ForConditionalGenerationConfig
 """vLLM's config hook for Qwen3.5 (state dtypes of the linear-attention layers)."""
+
+
+PROCESSED_IMAGE_FIELDS = {"pixel_values": "values", "image_grid_thw": "metadata"}
+"""An image item as the predictor sends it: the release processor's ``pixel_values`` rows (the values) and its
+``image_grid_thw`` row (the metadata that sizes the item's placeholder run)."""
+
+
+class ProcessedImageParser(Qwen3VLMultiModalDataParser):
+    """Qwen3-VL's data parser, reading a dict image item as already-processed pixels instead of embeddings.
+
+    vLLM passes such an item's tensors through to the model untouched (no image processor runs in vLLM) and
+    still expands the item's one ``<|image_pad|>`` to ``t·h·w / merge²`` tokens from its grid.
+    """
+
+    embedding_fields = {**Qwen3VLMultiModalDataParser.embedding_fields, "image": PROCESSED_IMAGE_FIELDS}
+
+
+class ProcessedImageInfo(Qwen3_5ProcessingInfo):
+    """Qwen3.5's processing info with :class:`ProcessedImageParser` as its data parser."""
+
+    def get_data_parser(self) -> ProcessedImageParser:
+        """Qwen3.5's own parser settings, with processed pixels accepted as image items."""
+        processed = ProcessedImageParser.__new__(ProcessedImageParser)
+        processed.__dict__.update(vars(super().get_data_parser()))
+        return processed
+
+
+def register_processed_images(model_class: type) -> None:
+    """Have vLLM read ``model_class``'s image items as processed pixels (:class:`ProcessedImageParser`)."""
+    MULTIMODAL_REGISTRY.register_processor(
+        Qwen3VLMultiModalProcessor, info=ProcessedImageInfo, dummy_inputs=Qwen3VLDummyInputsBuilder
+    )(model_class)
+
+
+def processed_image_settings() -> dict[str, Any]:
+    """Engine settings under which vLLM reads processed pixels as they are.
+
+    Dict image items are accepted only with ``enable_mm_embeds``. vLLM releases that normalize pixels on the
+    device (``mm_device_do_normalize``, on by default) would normalize the processor's already-normalized
+    pixels a second time; it is turned off where it exists.
+    """
+    settings: dict[str, Any] = {"enable_mm_embeds": True}
+    if "mm_device_do_normalize" in {field.name for field in dataclasses.fields(EngineArgs)}:
+        settings["mm_device_do_normalize"] = False
+    return settings
