@@ -106,11 +106,12 @@ def test_engine_prompt_cuts_each_image_to_one_pad() -> None:
 
 def test_processed_images_parse_as_passthrough_pixels() -> None:
     """Pins vLLM's data parser: a dict image item is pixels and a grid, passed through, one item a grid row."""
+    from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser
     from vllm.multimodal.parse import DictEmbeddingItems
 
-    from clef_plugin.compat import ProcessedImageParser
+    from clef_plugin.compat import processed_image_parser
 
-    parser = ProcessedImageParser(2)
+    parser = processed_image_parser(Qwen2VLMultiModalDataParser)(2)
     items = parser.parse_mm_data(
         {"image": {"pixel_values": torch.zeros(20, 4), "image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 2]])}}
     )["image"]
