@@ -230,7 +230,9 @@ def engine_prompt(encoded: EncodedRequest, image_pad_id: int) -> dict[str, Any]:
 
     vLLM expands each image's one pad token back to ``t·h·w / merge²`` tokens from the grid, the count the
     predictor placed, so the prompt the engine runs is ``encoded.input_ids`` again and the layout's spans
-    hold as encoded. The pixels are the release processor's: vLLM runs no image processor on them.
+    hold as encoded. The pixels are the release processor's: vLLM runs no image processor on them. Each image
+    is named by the SHA-256 of the prompt's image files and its place among them (``multi_modal_uuids``), so
+    vLLM does not hash the pixels itself to key its encoder cache.
     """
     media = encoded.media
     if media is None:
@@ -245,6 +247,7 @@ def engine_prompt(encoded: EncodedRequest, image_pad_id: int) -> dict[str, Any]:
     return {
         "prompt_token_ids": [*encoded.input_ids[:start], *collapsed, *encoded.input_ids[end:]],
         "multi_modal_data": {"image": {"pixel_values": media.pixel_values, "image_grid_thw": media.image_grid_thw}},
+        "multi_modal_uuids": {"image": [f"{media.digest.hex()}:{index}" for index in range(media.image_count)]},
     }
 
 

@@ -93,13 +93,14 @@ def test_engine_prompt_cuts_each_image_to_one_pad() -> None:
         token_type_ids=[0, 1, 1, 1, 1, 0, 0, 1, 0, 0],
         pixel_values=torch.zeros(20, 4),
         image_grid_thw=torch.tensor([[1, 4, 4], [1, 2, 2]]),
-        digest=b"",
+        digest=b"\x0a\x0b",
     )
     encoded = EncodedRequest(input_ids=[1, 2, *media.token_ids, 3, 4], layout=LAYOUT, media=media, media_offset=2)
     prompt = clef_plugin.engine_prompt(encoded, pad)
     assert prompt["prompt_token_ids"] == [1, 2, start, pad, end, start, pad, end, newline, 3, 4]
     image = prompt["multi_modal_data"]["image"]
     assert image["pixel_values"] is media.pixel_values and image["image_grid_thw"] is media.image_grid_thw
+    assert prompt["multi_modal_uuids"] == {"image": ["0a0b:0", "0a0b:1"]}
     text = EncodedRequest(input_ids=[1, 2, 3], layout=LAYOUT)
     assert clef_plugin.engine_prompt(text, pad) == {"prompt_token_ids": [1, 2, 3]}
 
