@@ -9,7 +9,7 @@ layout under ``PoolingParams.extra_kwargs["clef_questions"]``), and its architec
 line changed (``from clef_plugin import ARCHITECTURE, TASK, schema_layout``).
 """
 
-from clef_plugin.api import engine_kwargs, option_logits, pooling_params, score_requests
+from clef_plugin.api import engine_kwargs, engine_prompt, option_logits, pooling_params, score_requests
 from clef_plugin.card import schema_layout
 from clef_plugin.names import ARCHITECTURE, CARD_ARCHITECTURE, LAYOUT_KEY, MODEL_CLASS, POOLING_TASK
 
@@ -23,6 +23,7 @@ __all__ = [
     "POOLING_TASK",
     "TASK",
     "engine_kwargs",
+    "engine_prompt",
     "option_logits",
     "pooling_params",
     "register",

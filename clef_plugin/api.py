@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from clef_head.answers import build_response
-from clef_head.encoder import DEFAULT_MAX_LENGTH, encode_request
+from clef_head.encoder import DEFAULT_MAX_LENGTH, EncodedRequest, encode_request
 from clef_head.layout import LayoutError, RecordLayout
+from clef_head.media import DEFAULT_MEDIA_LIMITS
 from clef_head.request import SystemOneRequest, parse_request
 from clef_plugin.names import ARCHITECTURE, LAYOUT_KEY, POOLING_TASK
 
@@ -56,14 +57,13 @@ def graph_compilation_config(capture_sizes: Sequence[int]) -> dict[str, Any]:
 
 FIXED_SETTINGS: dict[str, Any] = {
     "runner": "pooling",
-    "language_model_only": True,
     "enable_chunked_prefill": True,
     "enable_prefix_caching": False,
 }
 """Engine settings the plugin needs; a caller asking for another value is refused (see :func:`engine_kwargs`)."""
 WHY = {
     "runner": "Clef is a pooling model",
-    "language_model_only": "Clef reads text and JSON only (no vision tower)",
+    "language_model_only": "it follows vision: the vision tower is loaded with vision=True only",
     "enable_chunked_prefill": "long prompts are scored in chunks",
     "enable_prefix_caching": "the joint schema head reads every prompt token's hidden state",
 }
@@ -119,6 +119,21 @@ def _pooler_config(given: Any) -> PoolerConfig:
     return given
 
 
+def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The multimodal settings of a vision engine; ``settings`` that contradict them are refused (a caller's
+    ``None`` means vLLM's "not set", as its command line passes them). Takes those settings out of ``settings``."""
+    from clef_plugin.compat import processed_image_settings
+
+    needed = processed_image_settings()
+    for name, value in needed.items():
+        given = settings.pop(name, None)
+        if given is not None and given != value:
+            raise PluginSettingConflict(
+                name, given, f"it must be {value!r} with vision (the predictor sends the processor's normalized pixels)"
+            )
+    return {"limit_mm_per_prompt": {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": 0}, **needed}
+
+
 def engine_kwargs(
     model_dir: str | Path,
     *,
@@ -127,21 +142,26 @@ def engine_kwargs(
     enforce_eager: bool = False,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
+    vision: bool = False,
     **settings: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(**kw)`` and ``vllm.AsyncEngineArgs(**kw)``: ``settings``
     (any of vLLM's engine arguments) with the plugin's own on top.
 
     The plugin's settings: pooling runner, the plugin's architecture (``hf_overrides``), the
-    per-token pooling task, language model only (no vision tower), chunked prefill on, prefix
-    caching off (:data:`FIXED_SETTINGS`). Unless ``enforce_eager`` is set or ``settings`` holds a
-    ``compilation_config``, vLLM compiles the model and captures piecewise CUDA graphs at
+    per-token pooling task, chunked prefill on, prefix caching off (:data:`FIXED_SETTINGS`), and
+    language model only (no vision tower loaded, no multimodal settings: text-only engines stay as
+    lean as without vision) unless ``vision``. With ``vision`` the tower is loaded and each request
+    may carry up to 16 images as the release processor's pixels (:func:`engine_prompt`), read as
+    they are (:func:`clef_plugin.compat.processed_image_settings`). Unless ``enforce_eager`` is set
+    or ``settings`` holds a ``compilation_config``, vLLM compiles the model and captures piecewise CUDA graphs at
     :func:`prefill_capture_sizes`. A setting that contradicts the plugin (prefix caching on,
     chunked prefill off, another runner, architecture or pooling task, a pipeline-parallel size,
     another ``model`` than ``model_dir``, a quantization config that quantizes ``lm_head``) raises
     :class:`PluginSettingConflict` naming the flag, instead of being overridden silently.
     """
-    for name, needed in FIXED_SETTINGS.items():
+    fixed = {**FIXED_SETTINGS, "language_model_only": not vision}
+    for name, needed in fixed.items():
         value = settings.pop(name, None)
         if value is not None and value != needed:
             raise PluginSettingConflict(name, value, f"it must be {needed!r} ({WHY[name]})")
@@ -165,13 +185,15 @@ def engine_kwargs(
         )
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
-        **FIXED_SETTINGS,
+        **fixed,
         "hf_overrides": {**hf_overrides, "architectures": [ARCHITECTURE]},
         "pooler_config": _pooler_config(settings.pop("pooler_config", None)),
         "max_model_len": max_model_len,
         "dtype": dtype,
         "enforce_eager": enforce_eager,
     }
+    if vision:
+        kwargs.update(_vision_settings(settings))
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if max_num_seqs is not None:
@@ -200,6 +222,33 @@ def pooling_params(layout: RecordLayout, prompt_length: int | None = None) -> Po
                         f"{prompt_length} tokens"
                     )
     return PoolingParams(task=POOLING_TASK, extra_kwargs={LAYOUT_KEY: layout.to_wire()})
+
+
+def engine_prompt(encoded: EncodedRequest, image_pad_id: int) -> dict[str, Any]:
+    """vLLM's prompt for ``encoded``: its token ids, and with images each image's run of ``image_pad_id``
+    tokens cut to one, its pixels and grid in ``multi_modal_data``.
+
+    vLLM expands each image's one pad token back to ``t·h·w / merge²`` tokens from the grid, the count the
+    predictor placed, so the prompt the engine runs is ``encoded.input_ids`` again and the layout's spans
+    hold as encoded. The pixels are the release processor's: vLLM runs no image processor on them. Each image
+    is named by the SHA-256 of the prompt's image files and its place among them (``multi_modal_uuids``), so
+    vLLM does not hash the pixels itself to key its encoder cache.
+    """
+    media = encoded.media
+    if media is None:
+        return {"prompt_token_ids": list(encoded.input_ids)}
+    start = encoded.media_offset
+    end = start + len(media.token_ids)
+    collapsed = [
+        token
+        for index, token in enumerate(media.token_ids)
+        if token != image_pad_id or index == 0 or media.token_ids[index - 1] != image_pad_id
+    ]
+    return {
+        "prompt_token_ids": [*encoded.input_ids[:start], *collapsed, *encoded.input_ids[end:]],
+        "multi_modal_data": {"image": {"pixel_values": media.pixel_values, "image_grid_thw": media.image_grid_thw}},
+        "multi_modal_uuids": {"image": [f"{media.digest.hex()}:{index}" for index in range(media.image_count)]},
+    }
 
 
 def option_logits(output: Any) -> torch.Tensor:

@@ -6,16 +6,24 @@ a change keeps working. Nothing else in the plugin reaches into vLLM internals t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 import torch
 import vllm
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.pooler import PoolingParamsUpdate
 from vllm.model_executor.layers.pooler.abstract import Pooler
 from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
 from vllm.model_executor.models.config import MODELS_CONFIG_MAP, Qwen3_5ForConditionalGenerationConfig
+from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser, _create_qwen2vl_field_factory
+from vllm.model_executor.models.qwen3_5 import Qwen3_5ProcessingInfo
+from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder, Qwen3VLMultiModalProcessor
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.parse import DictEmbeddingItems
 from vllm.v1.pool.metadata import PoolingMetadata
 
 SUPPORTED_VLLM = SpecifierSet(">=0.26.0,<0.33")
@@ -32,7 +40,9 @@ __all__ = [
     "check_vllm_version",
     "finished_mask",
     "install_config_hook",
+    "processed_image_settings",
     "prompt_hidden_states",
+    "register_processed_images",
 ]
 
 
@@ -79,3 +89,68 @@ def install_config_hook(architecture: str, hook: type) -> None:
 
 QWEN3_5_CONFIG_HOOK = Qwen3_5ForConditionalGenerationConfig
 """vLLM's config hook for Qwen3.5 (state dtypes of the linear-attention layers)."""
+
+
+PROCESSED_IMAGE_FIELDS = frozenset({"pixel_values", "image_grid_thw"})
+"""An image item as the predictor sends it: the release processor's ``pixel_values`` rows and its
+``image_grid_thw`` row (which sizes the item's placeholder run)."""
+
+
+_PROCESSED_PARSERS: dict[type, type[Qwen2VLMultiModalDataParser]] = {}
+
+
+def processed_image_parser(base: type[Qwen2VLMultiModalDataParser]) -> type[Qwen2VLMultiModalDataParser]:
+    """``base`` (the data parser vLLM's Qwen3.5 processing builds: Qwen2-VL's before vLLM 0.32, Qwen3-VL's
+    since) reading a dict image item as already-processed pixels instead of embeddings.
+
+    vLLM passes such an item's tensors through to the model untouched (no image processor runs in vLLM) and
+    still expands the item's one ``<|image_pad|>`` to ``t·h·w / merge²`` tokens from its grid. Both versions
+    take dict items as ``DictEmbeddingItems`` with Qwen2-VL's field factory, which declares ``pixel_values``.
+    """
+
+    if base in _PROCESSED_PARSERS:
+        return _PROCESSED_PARSERS[base]
+
+    class ProcessedImageParser(base):
+        def _parse_image_data(self, data: Any) -> Any:
+            if isinstance(data, dict):
+                return DictEmbeddingItems(
+                    data,
+                    modality="image",
+                    required_fields=set(PROCESSED_IMAGE_FIELDS),
+                    fields_factory=_create_qwen2vl_field_factory(self._spatial_merge_size),
+                )
+            return super()._parse_image_data(data)
+
+    _PROCESSED_PARSERS[base] = ProcessedImageParser
+    return ProcessedImageParser
+
+
+class ProcessedImageInfo(Qwen3_5ProcessingInfo):
+    """Qwen3.5's processing info whose data parser reads dict image items as processed pixels."""
+
+    def get_data_parser(self) -> Qwen2VLMultiModalDataParser:
+        """Qwen3.5's own parser (its settings kept), of its class made by :func:`processed_image_parser`."""
+        parser = super().get_data_parser()
+        parser.__class__ = processed_image_parser(type(parser))
+        return parser
+
+
+def register_processed_images(model_class: type) -> None:
+    """Have vLLM read ``model_class``'s dict image items as processed pixels (:class:`ProcessedImageInfo`)."""
+    MULTIMODAL_REGISTRY.register_processor(
+        Qwen3VLMultiModalProcessor, info=ProcessedImageInfo, dummy_inputs=Qwen3VLDummyInputsBuilder
+    )(model_class)
+
+
+def processed_image_settings() -> dict[str, Any]:
+    """Engine settings under which vLLM reads processed pixels as they are.
+
+    Dict image items are accepted only with ``enable_mm_embeds``. vLLM releases that normalize pixels on the
+    device (``mm_device_do_normalize``, on by default) would normalize the processor's already-normalized
+    pixels a second time; it is turned off where it exists.
+    """
+    settings: dict[str, Any] = {"enable_mm_embeds": True}
+    if "mm_device_do_normalize" in {field.name for field in dataclasses.fields(EngineArgs)}:
+        settings["mm_device_do_normalize"] = False
+    return settings

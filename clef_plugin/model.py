@@ -1,7 +1,9 @@
-"""Qwen3.5 + Clef's joint schema head as a vLLM pooling model (text and JSON only).
+"""Qwen3.5 + Clef's joint schema head as a vLLM pooling model.
 
 The backbone is vLLM's own Qwen3.5 (hybrid Gated DeltaNet + full attention; BF16, or FP8 W8A8
-through vLLM's compressed-tensors support) with the vision tower left out. The head comes from
+through vLLM's compressed-tensors support), with the vision tower left out unless the engine
+runs with ``language_model_only=False`` (``engine_kwargs(vision=True)``); images then arrive as
+the release processor's pixels (:func:`clef_plugin.compat.register_processed_images`). The head comes from
 the release via :func:`clef_head.load_head` (either release layout), never through vLLM's
 weight loader. ``lm_head`` stays unquantized: the head reads its rows as lexical embeddings of
 the option tokens.
@@ -34,6 +36,7 @@ from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
+from clef_plugin.compat import register_processed_images
 from clef_plugin.pooler import JointSchemaPooler
 
 logger = logging.getLogger(__name__)
@@ -118,3 +121,6 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         else:
             self.pooler.head = head
         return loaded | {name for name, _ in head.named_parameters(prefix="pooler.head")}
+
+
+register_processed_images(ClefQwen3_5ForJointSchema)

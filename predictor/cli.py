@@ -18,7 +18,7 @@ from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.config import config_from_args
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import ENGINE_CHOICES, UnsupportedVision, build_engine, vllm_can_serve
+from predictor.engines import ENGINE_CHOICES, build_engine, vllm_can_serve
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
 from predictor.http.api_args import add_api_args, api_keys, build_server, check_api_args, install_api, register_aliases
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     model = ClefModel(config.card, lambda: build_engine(config.engine), options=config.serving)
     try:
         model.load()
-    except (PluginSettingConflict, WarmupDoesNotFit, UnsupportedVision) as exc:
+    except (PluginSettingConflict, WarmupDoesNotFit) as exc:
         parser.error(str(exc))
     except InsufficientMemory as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")

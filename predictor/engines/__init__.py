@@ -71,13 +71,6 @@ def vllm_can_serve(requested: str) -> bool:
     return choose_engine(requested)[0] == "vllm"
 
 
-VISION_NEEDS_TRANSFORMERS = "--vision needs --engine transformers: the vLLM engine reads text and JSON only"
-
-
-class UnsupportedVision(ValueError):
-    """``--vision`` asked of an engine that does not read images."""
-
-
 def build_transformers(config: EngineConfig) -> Engine:
     """``config.data_parallel_size`` transformers engines (one per GPU, or all on the CPU)."""
     from predictor.engines.pool import EnginePool
@@ -147,8 +140,6 @@ def build_engine(config: EngineConfig) -> Engine:
     """
     kind, reason = choose_engine(config.kind)
     log.info("engine: %s (%s), data parallel %d", kind, reason, config.data_parallel_size)
-    if kind == "vllm" and config.vision:
-        raise UnsupportedVision(VISION_NEEDS_TRANSFORMERS)
     if kind == "vllm":
         from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine

@@ -20,8 +20,8 @@ class EngineConfig:
     """The engine for the release in ``release_dir``: ``kind`` is one of :data:`ENGINE_CHOICES` (``auto``:
     :func:`predictor.engines.choose_engine` decides); ``data_parallel_size`` engines, prompts up to
     ``max_model_len`` tokens, weights in ``dtype`` (vLLM's names; ``auto``: the engine's choice). The transformers
-    engine runs up to ``max_batch`` records per forward pass, waiting ``batch_wait_s`` to fill one; ``vision``: it
-    runs the vision tower for requests with images (the transformers engine only).
+    engine runs up to ``max_batch`` records per forward pass, waiting ``batch_wait_s`` to fill one; ``vision``: the
+    engine loads the vision tower and runs it for requests with images (either engine).
     ``vllm_flags``: vLLM's own engine arguments (``AsyncEngineArgs`` field names) that differ from vLLM's defaults,
     besides the three above; the vLLM engine builds its arguments from them
     (:func:`predictor.engines.engine_args.vllm_engine_args`)."""

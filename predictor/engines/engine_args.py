@@ -141,7 +141,8 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
     the engine runs eager unless asked otherwise (torch.compile costs about a minute there and gains nothing).
     vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``): the predictor encodes every
     prompt itself (clef_head) and sends vLLM token ids only; loading them took about 20 s of each start on a 2-core
-    machine (BENCHMARKS.md, "Start time").
+    machine (BENCHMARKS.md, "Start time"). With ``--vision`` they are: vLLM's multimodal processor needs the
+    tokenizer to expand each image's placeholder (it runs no image processor: the predictor sends pixels).
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
     from vllm import AsyncEngineArgs
@@ -159,5 +160,5 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
     given = changed_engine_args(parsed)
     if not on_gpu:
         given.setdefault("enforce_eager", True)
-    settings = clef_plugin.engine_kwargs(config.release_dir, **given)
-    return dataclasses.replace(parsed, **settings, skip_tokenizer_init=True)
+    settings = clef_plugin.engine_kwargs(config.release_dir, vision=config.vision, **given)
+    return dataclasses.replace(parsed, **settings, skip_tokenizer_init=not config.vision)

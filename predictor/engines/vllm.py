@@ -1,6 +1,7 @@
 """The vLLM engine: vLLM's AsyncLLM with the clef plugin; concurrent requests batch inside vLLM.
 
-Prompts go in as token ids encoded by clef_head; each request carries its layout in its pooling
+Prompts go in as token ids encoded by clef_head (with ``--vision``, images as the release processor's pixels,
+prepared with the body: ``clef_plugin.engine_prompt``); each request carries its layout in its pooling
 parameters, and the plugin's pooler returns the option logits. ``--dp N`` uses vLLM's own data
 parallelism (N engine cores, one per GPU, balanced by vLLM).
 """
@@ -14,6 +15,7 @@ import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from clef_head.encoder import EncodedRequest
+from clef_head.media import IMAGE_PAD
 from predictor.core import metrics
 from predictor.engines.base import Engine, EngineDead
 
@@ -35,6 +37,10 @@ class VllmEngine(Engine):
         self._plugin = clef_plugin
         self._max_length = int(engine_args.max_model_len)
         self._tokenizer = AutoTokenizer.from_pretrained(str(engine_args.model))
+        image_pad_id = self._tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        if not isinstance(image_pad_id, int):
+            raise ValueError(f"the release's tokenizer has no single {IMAGE_PAD} token")
+        self._image_pad_id = image_pad_id
         self.llm = AsyncLLM.from_engine_args(engine_args)
         self._pending = 0
         self._in_flight = metrics.IN_FLIGHT.labels(engine="vllm")
@@ -63,7 +69,7 @@ class VllmEngine(Engine):
         self._in_flight.inc()
         try:
             async for output in self.llm.encode(
-                {"prompt_token_ids": list(encoded.input_ids)}, params, request_id=uuid.uuid4().hex
+                self._plugin.engine_prompt(encoded, self._image_pad_id), params, request_id=uuid.uuid4().hex
             ):
                 final = output
         except EngineDeadError as exc:

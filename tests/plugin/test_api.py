@@ -69,6 +69,61 @@ def test_engine_kwargs() -> None:
     }
 
 
+def test_engine_kwargs_vision() -> None:
+    """Text only: no vision tower, no multimodal settings. Vision: the tower, 16 images a prompt, no video, and
+    processed pixels read as they are."""
+    text_only = clef_plugin.engine_kwargs("/models/clef")
+    assert text_only["language_model_only"] is True
+    assert not {"enable_mm_embeds", "limit_mm_per_prompt", "mm_device_do_normalize"} & text_only.keys()
+    vision = clef_plugin.engine_kwargs("/models/clef", vision=True)
+    assert vision["language_model_only"] is False
+    assert vision["limit_mm_per_prompt"] == {"image": 16, "video": 0}
+    assert vision["enable_mm_embeds"] is True
+    assert vision.get("mm_device_do_normalize", False) is False
+
+
+def test_engine_prompt_cuts_each_image_to_one_pad() -> None:
+    """vLLM gets one pad per image (it expands them again from the grids) and the pixels as they are."""
+    from clef_head.encoder import EncodedRequest
+    from clef_head.media import EncodedMedia
+
+    start, pad, end, newline = 5, 7, 6, 9
+    media = EncodedMedia(
+        token_ids=[start, pad, pad, pad, pad, end, start, pad, end, newline],
+        token_type_ids=[0, 1, 1, 1, 1, 0, 0, 1, 0, 0],
+        pixel_values=torch.zeros(20, 4),
+        image_grid_thw=torch.tensor([[1, 4, 4], [1, 2, 2]]),
+        digest=b"\x0a\x0b",
+    )
+    encoded = EncodedRequest(input_ids=[1, 2, *media.token_ids, 3, 4], layout=LAYOUT, media=media, media_offset=2)
+    prompt = clef_plugin.engine_prompt(encoded, pad)
+    assert prompt["prompt_token_ids"] == [1, 2, start, pad, end, start, pad, end, newline, 3, 4]
+    image = prompt["multi_modal_data"]["image"]
+    assert image["pixel_values"] is media.pixel_values and image["image_grid_thw"] is media.image_grid_thw
+    assert prompt["multi_modal_uuids"] == {"image": ["0a0b:0", "0a0b:1"]}
+    text = EncodedRequest(input_ids=[1, 2, 3], layout=LAYOUT)
+    assert clef_plugin.engine_prompt(text, pad) == {"prompt_token_ids": [1, 2, 3]}
+
+
+def test_processed_images_parse_as_passthrough_pixels() -> None:
+    """Pins vLLM's data parser: a dict image item is pixels and a grid, passed through, one item a grid row."""
+    from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser
+    from vllm.multimodal.parse import DictEmbeddingItems
+
+    from clef_plugin.compat import processed_image_parser
+
+    parser = processed_image_parser(Qwen2VLMultiModalDataParser)(2)
+    items = parser.parse_mm_data(
+        {"image": {"pixel_values": torch.zeros(20, 4), "image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 2]])}}
+    )["image"]
+    assert isinstance(items, DictEmbeddingItems) and len(items) == 2
+    assert set(items.get_passthrough_data()) == {"pixel_values", "image_grid_thw"}
+    with pytest.raises(ValueError, match="should contain the fields"):
+        parser.parse_mm_data(
+            {"image": {"image_embeds": torch.zeros(5, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])}}
+        )
+
+
 def test_prefill_capture_sizes() -> None:
     """Small sizes, then every 128 tokens up to one prompt of min(max_model_len, 2048) tokens."""
     from clef_plugin.api import prefill_capture_sizes
@@ -93,6 +148,8 @@ def test_engine_kwargs_compilation() -> None:
         ({"pipeline_parallel_size": 2}, "--pipeline-parallel-size"),
         ({"runner": "generate"}, "--runner"),
         ({"language_model_only": False}, "--language-model-only"),
+        ({"language_model_only": True, "vision": True}, "--language-model-only"),
+        ({"mm_device_do_normalize": True, "vision": True}, "--mm-device-do-normalize"),
         ({"hf_overrides": {"architectures": ["Qwen3_5ForConditionalGeneration"]}}, "--hf-overrides"),
         ({"pooler_config": {"task": "embed"}}, "--pooler-config"),
         ({"model": "/models/other"}, "--model"),

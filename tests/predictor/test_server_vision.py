@@ -161,13 +161,3 @@ def test_hostile_image_family_is_refused_and_the_server_unharmed(server: Predict
     result = run(server.url, MODEL_NAME, bound_s=0.5)
     assert result["valid_request_unharmed"]
     assert {name: case["status"] for name, case in result["cases"].items() if not case["ok"]} == {}
-
-
-def test_vision_with_the_vllm_engine_is_refused_at_start(tiny_release: Path) -> None:
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "predictor", "--model-dir", str(tiny_release), "--engine", "vllm", "--vision"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2
-    assert "--vision needs --engine transformers" in done.stderr

@@ -184,6 +184,10 @@ def test_vllm_owns_its_engine_arguments() -> None:
         engine_config(parser.parse_args(["--engine", "vllm", "--dp", "3"]), Path("/m")), on_gpu=False
     )
     assert on_cpu.data_parallel_size == 3 and on_cpu.enforce_eager is True
+    vision = vllm_engine_args(engine_config(parser.parse_args(["--engine", "vllm", "--vision"]), Path("/m")), True)
+    assert vision.language_model_only is False and vision.enable_mm_embeds is True
+    assert not vision.mm_device_do_normalize  # the predictor's pixels are normalized already
+    assert vision.skip_tokenizer_init is False  # vLLM's multimodal processor expands image pads with it
 
 
 def test_an_engine_configuration_built_without_the_command_line_is_the_same() -> None:

@@ -1,0 +1,82 @@
+"""A predictor on the vLLM engine started with ``--vision`` (CPU, tiny release with a random vision tower): JSON
+``assets`` and ``images`` are answered as the original release code answers the same record, within the tolerance
+used for vLLM against the reference (same choices, probabilities within 0.02), and the text-only path still
+answers."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from tests.plugin.conftest import TOLERANCE
+from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
+from tests.predictor.test_server_vision import PHOTO, QUESTIONS, SCAN, _original_answer
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+    running = start_predictor(
+        tmp_path_factory.mktemp("predictor-vision-vllm"),
+        "--model-dir",
+        str(tiny_release),
+        "--engine",
+        "vllm",
+        "--vision",
+        "--max-model-len",
+        "4096",
+        "--kv-cache-memory-bytes",
+        "1G",
+    )
+    yield running
+    assert stop(running) == 0, running.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def original(tiny_release: Path, reference: ModuleType) -> Any:
+    return reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
+
+
+def _assert_close(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    assert ours["usage"]["input_tokens"] == theirs["usage"]["input_tokens"]
+    assert ours["answers"].keys() == theirs["answers"].keys()
+    for question_id, answer in ours["answers"].items():
+        wanted = theirs["answers"][question_id]
+        if answer["type"] == "noul":
+            assert answer["noul"] == pytest.approx(wanted["noul"], abs=TOLERANCE)
+            continue
+        if answer["type"] == "choice":
+            assert answer["choice"] == wanted["choice"]
+        for option, probability in answer["probabilities"].items():
+            assert probability == pytest.approx(wanted["probabilities"][option], abs=TOLERANCE)
+
+
+def test_json_assets_and_images_are_answered_as_the_original(
+    server: Predictor, original: Any, reference: ModuleType
+) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "state": "Parcel <p> arrived; label attached.",
+        "questions": QUESTIONS,
+        "images": [f"data:image/jpeg;base64,{base64.b64encode(SCAN).decode()}"],
+        "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
+    }
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    theirs = _original_answer(original, reference, "Parcel [image 2] arrived; label attached.", [SCAN, PHOTO])
+    _assert_close(response.json(), theirs)
+
+
+def test_text_only_requests_still_answer(server: Predictor, original: Any, reference: ModuleType) -> None:
+    body = {"model": MODEL_NAME, "state": "Parcel arrived; label attached.", "questions": QUESTIONS}
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    _assert_close(response.json(), _original_answer(original, reference, "Parcel arrived; label attached.", []))
