@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: install everything into .venv/ (PyPI only), build the real cluster's binaries once (Go
-# module proxy; cached outside the repository, see clef_cluster/), then run the whole test suite.
+# module proxy; cached outside the repository, see clef_cluster/), then run the whole test suite on two pytest-xdist
+# workers: waiting tests (the real cluster, the operator's scenarios, servers starting) overlap with busy ones, and
+# tests that share a server or engine share a worker (tests/worker_groups.py). `-n 0` runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadscope "$@"
