@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
-exec .venv/bin/python -m pytest -n 2 --dist loadscope "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder "$@"

@@ -1,5 +1,5 @@
-"""Which tests share a pytest-xdist worker when the suite runs on several (``-n 2 --dist loadscope``, as
-scripts/test.sh runs it).
+"""Which tests share a pytest-xdist worker when the suite runs on several (``-n 2 --dist loadscope
+--no-loadscope-reorder``, as scripts/test.sh runs it).
 
 Each test module runs whole on one worker, in order, so its module-scoped servers and engines start once (xdist's
 loadscope); modules that share an expensive session fixture, or read what other modules' tests recorded, run
@@ -14,6 +14,7 @@ with pytest 9.2 (pytest-dev/pytest-xdist#1386). tests/test_worker_groups.py pins
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -32,6 +33,12 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Units that start first, one on each worker, so that neither ends the run alone (``--no-loadscope-reorder``: the
+#: rest follow in collection order): the real cluster (mostly waiting) and the GPU benchmark's CPU smoke run (the
+#: longest busy unit).
+FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py")
+
+
 def group_of(path: str) -> str:
     """The worker group of the test file at ``path`` (relative, "/"-separated): its shared group, else itself."""
     for name, members in SHARED_GROUPS.items():
@@ -45,6 +52,15 @@ class SharedFixtureScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid.split("::", 1)[0])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker (each collects the same list, in the same order), :data:`FIRST`'s units come first."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {group: index for index, group in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.path.relative_to(config.rootpath).as_posix()), len(FIRST)))
 
 
 @pytest.hookimpl(optionalhook=True)
