@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import yaml
 from clef_cluster import kserve, nodes, pki
 from clef_cluster.build import KSERVE_MANAGER, build
 from clef_cluster.processes import Recorded, start, stop
+from clef_tools.local_server import free_port
 
 SERVICE_CIDR = "10.96.0.0/16"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -364,13 +364,6 @@ def wait_for(
 
 def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def kubectl_path() -> str:

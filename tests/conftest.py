@@ -1,4 +1,5 @@
-"""Shared fixtures (tiny random releases built by our own code, the original release code) and the skip policy."""
+"""Shared fixtures (tiny random releases built by our own code, the original release code), the skip policy and
+the tests' worker groups (pytest-xdist)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from clef_tools.tiny import build_tiny_release
 from tests.skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (the suite's hooks)
+from tests.worker_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401 (the suite's hooks)
 
 REFERENCE_MODULE = "clef_finetune/_vendor/joint_schema_model.py"
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = """
 import pytest
@@ -30,7 +32,7 @@ def test_known_failure():
 """
 
 
-def _run(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, files: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -47,6 +49,7 @@ def _run(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[s
             "-q",
             "--rootdir",
             str(tmp_path),
+            *options,
             str(tmp_path),
         ],
         cwd=tmp_path,
@@ -58,8 +61,10 @@ def _run(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[s
     )
 
 
-def test_skips_off_the_allow_list_fail(tmp_path: Path) -> None:
-    done = _run(tmp_path, {"test_sample.py": SAMPLE})
+# The suite runs on two xdist workers (scripts/test.sh): a worker's skip must fail there too.
+@pytest.mark.parametrize("options", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_skips_off_the_allow_list_fail(tmp_path: Path, options: tuple[str, ...]) -> None:
+    done = _run(tmp_path, {"test_sample.py": SAMPLE}, *options)
     out = done.stdout
     assert done.returncode == 1, out
     assert "2 failed, 2 skipped, 1 xfailed" in out, out

@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from clef_cluster.cluster import Cluster, free_port
+from clef_cluster.cluster import Cluster
+from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "clef-serving"

@@ -10,7 +10,6 @@ import asyncio
 import inspect
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -23,6 +22,7 @@ import pytest
 from kopf._cogs.clients import watching as kopf_watching
 
 from clef_operator import handlers, watch_healing
+from clef_tools.local_server import free_port
 from tests.operator.harness import (
     DECISIONS,
     ISVCS,
@@ -159,12 +159,6 @@ async def test_outage_longer_than_kopfs_retries_is_ridden_out(cluster: Cluster) 
         assert not {n for n in names if n.startswith("other-")}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _healthz(port: int) -> int:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
     try:
@@ -181,7 +175,7 @@ async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: Clus
     then SIGTERM ends it promptly with rc 0."""
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(DECISIONS.format(ns=NS), decision())
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])}
     process = subprocess.Popen(
         [

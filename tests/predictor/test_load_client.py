@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.load import http_load
 from bench.load_client_ceiling import BODY, started_server
-from tests.predictor.conftest import free_port
+from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
