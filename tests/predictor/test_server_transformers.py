@@ -44,6 +44,8 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         "8",
         "--max-queued-requests",
         "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
+        "--max-queue-wait-s",
+        "300",  # these tests check answers, not shedding: a busy machine's slow service rate must not shed them
         "--max-body-bytes",
         str(MAX_BODY_BYTES),
         "--header-timeout",
