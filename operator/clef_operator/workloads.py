@@ -208,8 +208,8 @@ def deployment_pods_query(metric: str, namespace: str, deployment_name: str) -> 
 
 def build_scaled_object(keda: Keda, low: int, high: int, deployment: dict[str, Any]) -> dict[str, Any]:
     """The KEDA ScaledObject of a Deployment: one Prometheus trigger on the sum of the predictor's own gauge over
-    its pods, KEDA keeping that sum per replica near ``keda.target`` (its AverageValue metric type, as KServe's
-    own KEDA trigger)."""
+    its pods, KEDA keeping that sum per replica near ``keda.target`` (the AverageValue metric type, the target
+    type the kserve backend gives KServe for the same trigger)."""
     meta = deployment["metadata"]
     threshold = format(parse_quantity(keda.target).normalize(), "f")  # KEDA reads a plain decimal
     return {
