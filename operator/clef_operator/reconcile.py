@@ -3,10 +3,10 @@
 Reads the GPU nodes and the serving objects the ClefDecision owns, creates, repairs and (after the removal
 grace period) deletes them so that every eligible pool has exactly one predictor, and returns the status to
 write, the events to post and when to look again. A pool's predictor is a KServe InferenceService (backend
-``kserve``) or a Deployment with its Service and, when autoscaled, its HorizontalPodAutoscaler (backend
-``deployment``); the objects of the backend not chosen are deleted once the choice is certain. The builders
-decide what the objects look like; this module only compares and calls. A failure on one pool is recorded on
-that pool; the others still converge.
+``kserve``) or a Deployment with its Service and, when autoscaled, its HorizontalPodAutoscaler or KEDA
+ScaledObject (backend ``deployment``); the objects of the backend not chosen are deleted once the choice is
+certain. The builders decide what the objects look like; this module only compares and calls. A failure on one
+pool is recorded on that pool; the others still converge.
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ from clef_operator.pools import (
     evaluate_pool,
     group_into_pools,
 )
-from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, INFERENCESERVICES, SERVICES, Resource
+from clef_operator.resources import (
+    DEPLOYMENTS,
+    HORIZONTAL_POD_AUTOSCALERS,
+    INFERENCESERVICES,
+    SCALED_OBJECTS,
+    SERVICES,
+    Resource,
+)
 from clef_operator.spec import ClefDecisionSpec, InvalidSpecError, check_host_path, parse_spec
 from clef_operator.status import (
     CONFLICT,
@@ -71,7 +78,7 @@ Adopter = Callable[[dict[str, Any]], None]
 PRIMARY: dict[str, Resource] = {KSERVE_BACKEND: INFERENCESERVICES, DEPLOYMENT_BACKEND: DEPLOYMENTS}
 COMPANIONS: dict[str, tuple[Resource, ...]] = {
     KSERVE_BACKEND: (),
-    DEPLOYMENT_BACKEND: (SERVICES, HORIZONTAL_POD_AUTOSCALERS),
+    DEPLOYMENT_BACKEND: (SERVICES, HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS),
 }
 # The largest serving object the operator sends: etcd stores objects up to 1.5 MiB, and KServe adds its
 # defaults and status to what the operator writes.
@@ -154,6 +161,7 @@ class _Pass:
     requeue: list[float] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     failed: bool = False
+    keda_served: bool | None = None  # whether the API server serves KEDA's ScaledObjects (asked once, when needed)
 
     def warn_once(self, key: tuple[str, str], entry: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning event, unless the previous status already reported the same message for the pool."""
@@ -267,7 +275,7 @@ async def reconcile(
         policy=policy,
         held=held,
     )
-    for resource in COMPANIONS[backend]:
+    for resource in COMPANIONS[backend]:  # a resource not served (KEDA's, not installed) holds none
         found = await api.list_labelled(resource, namespace, label_value(name)) or []
         run.companions[resource] = {
             obj["metadata"]["name"]: obj for obj in found if _owned_by(obj, uid) or _orphaned(obj)
@@ -367,6 +375,15 @@ async def _serve(
             predictor_reason=before.get("predictorReason"),
         )
     try:
+        if any(obj["kind"] == SCALED_OBJECTS.kind for obj in companions) and not await _keda_served(run):
+            message = (
+                "autoscaling.keda needs KEDA: the API server does not serve keda.sh/v1alpha1 ScaledObjects; "
+                "install KEDA (the operator retries with backoff), or autoscale on scaleMetric cpu or memory"
+            )
+            run.failed = True
+            entry = run.pool_status(decision, state=FAILED, isvc_name=child_name, isvc=None, message=message)
+            run.warn_once(pool.key, entry, "KedaNotInstalled", f"node pool {pool.name}: {message}")
+            return entry
         if current is None:
             try:
                 current = await run.api.create(run.primary, desired)
@@ -386,10 +403,19 @@ async def _serve(
     return run.pool_status(decision, state=SERVING, isvc_name=child_name, isvc=current)
 
 
+async def _keda_served(run: _Pass) -> bool:
+    """Whether KEDA's ScaledObject resource is served (API discovery, asked once per pass; ApiError when it
+    cannot be told now, so that nothing is created or deleted on a guess)."""
+    if run.keda_served is None:
+        run.keda_served = await run.api.served(SCALED_OBJECTS)
+    return run.keda_served
+
+
 async def _apply_companions(run: _Pass, pool: str, child_name: str, companions: list[dict[str, Any]]) -> None:
     """Create or repair the objects that go with a pool's predictor object; delete those no longer wanted."""
     wanted = {obj["kind"]: obj for obj in companions}
-    for resource in COMPANIONS[run.backend]:
+    # Deletions first: an autoscaler replaced by the other kind is gone before its successor takes the Deployment.
+    for resource in sorted(COMPANIONS[run.backend], key=lambda resource: resource.kind in wanted):
         live = run.companions.get(resource, {}).get(child_name)
         desired = wanted.get(resource.kind)
         if desired is None:

@@ -36,3 +36,4 @@ INFERENCESERVICES = Resource(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL, "Infer
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 SERVICES = Resource("", "v1", "services", "Service")
 HORIZONTAL_POD_AUTOSCALERS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
+SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")  # KEDA's, when installed

@@ -210,7 +210,8 @@ KEDA_METRICS: tuple[str, ...] = ("clef_engine_in_flight", "clef_queue_depth")
 
 
 class Keda(_Model):
-    """KEDA scaling on the predictor's own metrics (KServe's autoScaling block; KEDA must be installed)."""
+    """KEDA scaling on the predictor's own metrics (KServe's autoScaling block, or the deployment backend's
+    ScaledObject; KEDA must be installed)."""
 
     metric: Literal["clef_engine_in_flight", "clef_queue_depth"] = "clef_queue_depth"
     target: str = Field(default="4", pattern=QUANTITY_PATTERN)

@@ -1,5 +1,6 @@
 """Pure builders of the deployment backend's objects: a Deployment, a Service and, when autoscaling asks for it, a
-HorizontalPodAutoscaler per eligible pool, for clusters without KServe.
+HorizontalPodAutoscaler (or, with ``autoscaling.keda``, a KEDA ScaledObject) per eligible pool, for clusters
+without KServe.
 
 The pod is the InferenceService's (``builders.build_pod_spec``: the contract's one predictor container, its
 volumes, the pool's node selector and capability affinity). What KServe adds to an InferenceService's pod is
@@ -13,6 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from clef_contract.container import CONTAINER_NAME
 from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_UID
 from clef_operator.builders import (
@@ -24,8 +27,8 @@ from clef_operator.builders import (
 )
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.pools import NodePool
-from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, SERVICES
-from clef_operator.spec import ClefDecisionSpec, Variant
+from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, SERVICES
+from clef_operator.spec import ClefDecisionSpec, Keda, Variant
 
 # KServe's storage initializer, the image that fetches hf://, s3:// and gs:// releases for KServe's own pods.
 DEFAULT_STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
@@ -146,25 +149,29 @@ def build_service(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[str, Any]) -> dict[str, Any] | None:
-    """The HorizontalPodAutoscaler of an autoscaled pool's Deployment (None for a fixed replica count).
+    """The autoscaler of an autoscaled pool's Deployment (None for a fixed replica count): a KEDA ScaledObject
+    with ``autoscaling.keda``, else a HorizontalPodAutoscaler.
 
-    It scales on the pods' CPU or memory utilization (``scaleMetric``, default cpu) toward ``scaleTarget``
-    percent (default 80), as KServe's Standard mode does.
+    The HorizontalPodAutoscaler scales on the pods' CPU or memory utilization (``scaleMetric``, default cpu)
+    toward ``scaleTarget`` percent (default 80), as KServe's Standard mode does.
     """
     if not autoscaled(spec, pool):
         return None
     scaling = spec.autoscaling
+    low, high = spec.replicas_for(pool.name)
     if scaling is not None and scaling.keda is not None:
-        raise UnsupportedOnBackendError(
-            "autoscaling.keda is served by the kserve backend; the deployment backend scales on cpu or memory"
-        )
+        if low < 1:
+            raise UnsupportedOnBackendError(
+                "autoscaling.keda scales on the predictor's own metrics, which no pod reports at 0 replicas: "
+                "set minReplicas to 1 or more"
+            )
+        return build_scaled_object(scaling.keda, low, high, deployment)
     metric = (scaling.scaleMetric if scaling else None) or "cpu"
     if metric not in ("cpu", "memory"):
         raise UnsupportedOnBackendError(
             f"scaleMetric {metric} needs Knative (the kserve backend in Knative mode); the deployment backend's "
-            "HorizontalPodAutoscaler scales on cpu or memory"
+            "HorizontalPodAutoscaler scales on cpu or memory, or with autoscaling.keda on the predictor's metrics"
         )
-    low, high = spec.replicas_for(pool.name)
     if low < 1:
         raise UnsupportedOnBackendError(
             "the deployment backend's HorizontalPodAutoscaler keeps at least 1 replica: set minReplicas to 1 or more"
@@ -175,17 +182,53 @@ def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[st
         "kind": HORIZONTAL_POD_AUTOSCALERS.kind,
         "metadata": copy.deepcopy(deployment["metadata"]),
         "spec": {
-            "scaleTargetRef": {
-                "apiVersion": DEPLOYMENTS.api_version,
-                "kind": DEPLOYMENTS.kind,
-                "name": deployment["metadata"]["name"],
-            },
+            "scaleTargetRef": _scale_target(deployment),
             "minReplicas": low,
             "maxReplicas": high,
             "metrics": [
                 {
                     "type": "Resource",
                     "resource": {"name": metric, "target": {"type": "Utilization", "averageUtilization": target}},
+                }
+            ],
+        },
+    }
+
+
+def _scale_target(deployment: dict[str, Any]) -> dict[str, str]:
+    return {"apiVersion": DEPLOYMENTS.api_version, "kind": DEPLOYMENTS.kind, "name": deployment["metadata"]["name"]}
+
+
+def deployment_pods_query(metric: str, namespace: str, deployment_name: str) -> str:
+    """PromQL: the sum of ``metric`` over the Deployment's pods, whose names are ``<deployment>-<template
+    hash>-<suffix>`` (two dash-free parts, so another pool's Deployment named ``<deployment>-<more>`` never
+    matches)."""
+    return f'sum({metric}{{namespace="{namespace}",pod=~"{deployment_name}-[a-z0-9]+-[a-z0-9]+"}})'
+
+
+def build_scaled_object(keda: Keda, low: int, high: int, deployment: dict[str, Any]) -> dict[str, Any]:
+    """The KEDA ScaledObject of a Deployment: one Prometheus trigger on the sum of the predictor's own gauge over
+    its pods, KEDA keeping that sum per replica near ``keda.target`` (the AverageValue metric type, the target
+    type the kserve backend gives KServe for the same trigger)."""
+    meta = deployment["metadata"]
+    threshold = format(parse_quantity(keda.target).normalize(), "f")  # KEDA reads a plain decimal
+    return {
+        "apiVersion": SCALED_OBJECTS.api_version,
+        "kind": SCALED_OBJECTS.kind,
+        "metadata": copy.deepcopy(meta),
+        "spec": {
+            "scaleTargetRef": _scale_target(deployment),
+            "minReplicaCount": low,
+            "maxReplicaCount": high,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": keda.serverAddress,
+                        "query": deployment_pods_query(keda.metric, meta["namespace"], meta["name"]),
+                        "threshold": threshold,
+                    },
                 }
             ],
         },

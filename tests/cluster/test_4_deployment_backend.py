@@ -1,10 +1,13 @@
 """The deployment backend on a real control plane WITHOUT KServe: a cluster of its own (no KServe controller, no
 KServe CRD), the chart installed with its default values (``operator.defaultBackend: auto``), the README's
 ClefDecision applied. The operator finds no InferenceService resource in API discovery and serves every eligible
-pool with a Deployment and a Service, whose pods the real scheduler places on the pool's capable nodes."""
+pool with a Deployment and a Service, whose pods the real scheduler places on the pool's capable nodes. With KEDA's
+ScaledObject CRD installed (no KEDA controller), ``autoscaling.keda`` gets a ScaledObject per autoscaled pool that
+the real API server validates against KEDA's schema."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -15,7 +18,7 @@ import pytest
 from clef_cluster.cluster import Cluster, down, up
 from tests.cluster.helpers import DECISION_LABEL, FP8_POOLS, POOL_NODES, TOO_OLD_POOLS, is_ready, namespace, pod_ready
 from tests.cluster.helpers import pool_status as pools_of
-from tests.cluster.kube import CHART, EXAMPLE, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import CHART, EXAMPLE, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -23,6 +26,8 @@ NS = README_NS
 REPLICAS = {"h100-pool": 2}  # the example's poolOverrides; every other pool runs 1
 PREDICTOR_LABEL = "clef-serving.io/predictor"
 ISVC_CRD = "inferenceservices.serving.kserve.io"
+# KEDA v2.17.2's ScaledObject CRD (tests/data/keda-crds/README.md).
+KEDA_CRD = REPO / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,15 @@ def served(bare_kube: Kube, bare_operator: Operator) -> dict[str, Any]:
         "the README's ClefDecision to be Ready",
         timeout=180,
     )
+
+
+SCALED_OBJECTS = "scaledobjects.keda.sh"
+
+
+def install_keda_crd(kube: Kube) -> None:
+    """KEDA's ScaledObject CRD installed (again: no change) and established. KEDA's controller is not run."""
+    kube.run("apply", "--server-side", "-f", str(KEDA_CRD))
+    kube.run("wait", "--for=condition=Established", f"crd/{SCALED_OBJECTS}", "--timeout=60s")
 
 
 def owned(kube: Kube, kind: str) -> dict[str, dict[str, Any]]:
@@ -167,7 +181,58 @@ def test_autoscaling_adds_a_horizontal_pod_autoscaler(
     eventually(lambda: is_ready(bare_kube.get("clefdecision", "clef-flash", NS)), "the ClefDecision still Ready")
 
 
+def test_keda_autoscaling_fails_without_keda_then_replaces_the_autoscalers_with_scaled_objects(
+    bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
+) -> None:
+    keda = {"serverAddress": "http://prometheus.monitoring:9090", "metric": "clef_engine_in_flight", "target": "2"}
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "scaleMetric": None, "scaleTarget": None, "keda": keda}
+    bare_kube.run(
+        "patch",
+        "clefdecision",
+        "clef-flash",
+        f"--namespace={NS}",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"autoscaling": autoscaling}}),
+    )
+    autoscaled = {f"clef-flash-{pool}" for pool in FP8_POOLS - set(REPLICAS)}  # h100-pool's override stays fixed
+    autoscaled_pools = FP8_POOLS - set(REPLICAS)
+
+    def failed_naming_keda() -> dict[str, Any] | None:
+        pools = pools_of(bare_kube.get("clefdecision", "clef-flash", NS))
+        messages = [(pools.get(name) or {}).get("predictorMessage") or "" for name in autoscaled_pools]
+        return pools if all("autoscaling.keda needs KEDA" in message for message in messages) else None
+
+    pools = eventually(failed_naming_keda, "the KEDA-autoscaled pools Failed, naming KEDA (not installed)")
+    assert all(pools[name]["state"] == "Failed" for name in autoscaled_pools)
+    assert set(owned(bare_kube, "horizontalpodautoscalers")) == autoscaled  # left as they were
+    install_keda_crd(bare_kube)
+    scaled = eventually(
+        lambda: (found := owned(bare_kube, SCALED_OBJECTS)) and set(found) == autoscaled and found,
+        "a ScaledObject per autoscaled pool, accepted by the API server",
+    )
+    eventually(lambda: owned(bare_kube, "horizontalpodautoscalers") == {} or None, "no HorizontalPodAutoscaler left")
+    for name, obj in scaled.items():
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == served["metadata"]["uid"] and owner["controller"] is True
+        assert obj["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert (obj["spec"]["minReplicaCount"], obj["spec"]["maxReplicaCount"]) == (1, 3)
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+        assert trigger["metadata"] == {
+            "serverAddress": keda["serverAddress"],
+            "query": f'sum(clef_engine_in_flight{{namespace="{NS}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}})',
+            "threshold": "2",
+        }
+    before = {name: o["metadata"]["resourceVersion"] for name, o in scaled.items()}
+    time.sleep(5)  # nothing the API server defaults in a ScaledObject reads as drift
+    assert {name: o["metadata"]["resourceVersion"] for name, o in owned(bare_kube, SCALED_OBJECTS).items()} == before
+    eventually(lambda: is_ready(bare_kube.get("clefdecision", "clef-flash", NS)), "the ClefDecision still Ready")
+    assert "Traceback" not in bare_operator.log_text()
+
+
 def test_deleting_the_decision_removes_everything(bare_kube: Kube, served: dict[str, Any]) -> None:
+    install_keda_crd(bare_kube)  # when run alone
     bare_kube.run("delete", "clefdecision", "clef-flash", f"--namespace={NS}", "--wait=true", "--timeout=60s")
-    for kind in ("deployments", "services", "horizontalpodautoscalers", "replicasets", "pods"):
+    for kind in ("deployments", "services", "horizontalpodautoscalers", SCALED_OBJECTS, "replicasets", "pods"):
         eventually(partial(lambda kind: bare_kube.get(kind, namespace=NS) == [] or None, kind), f"no {kind} left")

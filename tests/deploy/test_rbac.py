@@ -182,7 +182,8 @@ async def run_scenario(cluster: Cluster) -> None:
 
 async def run_deployment_backend_scenario(cluster: Cluster) -> None:
     """The deployment backend: a name held by someone else's Deployment, then a Deployment, Service and
-    HorizontalPodAutoscaler created, repaired and changed, the autoscaler dropped, the pool's objects removed."""
+    HorizontalPodAutoscaler created, repaired and changed, KEDA installed and the autoscaler replaced by a
+    ScaledObject, which is changed and dropped, the pool's objects removed."""
     decisions = DECISIONS.format(ns=NS)
     paths = {
         "Deployment": f"/apis/apps/v1/namespaces/{NS}/deployments",
@@ -190,8 +191,10 @@ async def run_deployment_backend_scenario(cluster: Cluster) -> None:
         "HorizontalPodAutoscaler": f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers",
     }
 
+    scaled_objects = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
+
     async def objects(kind: str) -> dict[str, dict[str, Any]]:
-        return {item["metadata"]["name"]: item for item in await cluster.items(paths[kind])}
+        return {item["metadata"]["name"]: item for item in await cluster.items(paths.get(kind, scaled_objects))}
 
     async def holds(kind: str, check: Any = lambda obj: True) -> bool:
         found = (await objects(kind)).get("dep-h100-pool")
@@ -237,9 +240,20 @@ async def run_deployment_backend_scenario(cluster: Cluster) -> None:
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"maxReplicas": 3}}})
     await eventually(lambda: holds("HorizontalPodAutoscaler", lambda obj: obj["spec"]["maxReplicas"] == 3))
     await eventually(lambda: holds("Service", lambda obj: obj["spec"]["ports"][0]["port"] == 80))
+    await cluster.install_keda()
+    keda = {"serverAddress": "http://prometheus:9090", "target": "4"}
+    await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": keda}}})
+    await eventually(lambda: holds("ScaledObject"))
+    await eventually(lambda: gone("HorizontalPodAutoscaler"))
+    await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": {"target": "8"}}}})
+
+    def threshold(obj: dict[str, Any]) -> bool:
+        return bool(obj["spec"]["triggers"][0]["metadata"]["threshold"] == "8")
+
+    await eventually(lambda: holds("ScaledObject", threshold))
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": None, "replicas": 2}})
     await eventually(lambda: holds("Deployment", lambda obj: obj["spec"].get("replicas") == 2))
-    await eventually(lambda: gone("HorizontalPodAutoscaler"))
+    await eventually(lambda: gone("ScaledObject"))
     await cluster.delete(f"{NODES}/h100-a")
     await eventually(lambda: gone("Deployment"))
     await eventually(lambda: gone("Service"))

@@ -16,6 +16,8 @@ from tests.operator.emulator import ClusterEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml"
+# KEDA's ScaledObject CRD, kept in the repository (tests/data/keda-crds/README.md).
+KEDA_CRD_PATH = ROOT / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 OPERATOR_DOC = ROOT / "docs" / "operator.md"
 DECISIONS = "/apis/clef-serving.io/v1alpha1/namespaces/{ns}/clefdecisions"
 ISVCS = "/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices"
@@ -86,6 +88,11 @@ def documented_rbac(path: Path = OPERATOR_DOC) -> set[tuple[str, str, str]]:
 def clef_crd() -> dict[str, Any]:
     """The project's ClefDecision CRD manifest."""
     return yaml.safe_load(CRD_PATH.read_text())
+
+
+def keda_crd() -> dict[str, Any]:
+    """KEDA's ScaledObject CRD manifest."""
+    return yaml.safe_load(KEDA_CRD_PATH.read_text())
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
@@ -183,6 +190,12 @@ class Cluster:
         """Register the InferenceService resource and announce its CRD (as installing KServe does)."""
         self.emulator.add_crd(KSERVE_CRD)
         await self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", KSERVE_CRD)
+
+    async def install_keda(self) -> None:
+        """Register KEDA's ScaledObject resource and announce its CRD (as installing KEDA does)."""
+        crd = keda_crd()
+        self.emulator.add_crd(crd)
+        await self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
 
 async def eventually(check: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05) -> Any:

@@ -16,6 +16,8 @@ from tests.operator.schema import crd_validator, errors, load_crd
 ROOT = Path(__file__).resolve().parents[2]
 # KServe v0.20.0's InferenceService CRD, kept in the repository (tests/data/kserve-crds/README.md).
 KSERVE_CRD = ROOT / "tests" / "data" / "kserve-crds" / "serving.kserve.io_inferenceservices.yaml"
+# KEDA v2.17.2's ScaledObject CRD (tests/data/keda-crds/README.md).
+KEDA_CRD = ROOT / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 EXAMPLE = {
     "apiVersion": "clef-serving.io/v1alpha1",
     "kind": "ClefDecision",
@@ -148,3 +150,19 @@ def test_built_inferenceservices_match_kserve_schema() -> None:
             pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
         )
         assert errors(validator, body) == []
+
+
+def test_built_scaled_objects_match_keda_schema() -> None:
+    from clef_operator.pools import NodePool
+    from clef_operator.workloads import build_autoscaler, build_deployment
+
+    validator = crd_validator(load_crd(KEDA_CRD), "v1alpha1")
+    pool = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())
+    keda = {"serverAddress": "http://prometheus:9090", "target": "1500m"}
+    fields = {key: value for key, value in EXAMPLE["spec"].items() if key not in ("replicas", "poolOverrides")}
+    spec = parse_spec({**fields, "autoscaling": {"maxReplicas": 4, "keda": keda}})
+    deployment = build_deployment(decision="clef", namespace="ml", pool=pool, spec=spec)
+    body = build_autoscaler(spec, pool, deployment)
+    assert body is not None and body["kind"] == "ScaledObject"
+    assert errors(validator, body) == []
+    assert errors(validator, {**body, "spec": {**body["spec"], "minReplicaCount": "1"}})  # the check can fail

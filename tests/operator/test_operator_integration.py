@@ -339,8 +339,32 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
             return all(h["spec"]["maxReplicas"] == 3 for h in autoscalers) and service["spec"]["ports"][0]["port"] == 80
 
         await eventually(repaired)
-        await cluster.merge(decision_path, {"spec": {"autoscaling": None}})
+        # autoscaling.keda without KEDA: the pools fail naming it and keep their autoscalers; KEDA installed, a
+        # ScaledObject per pool replaces each HorizontalPodAutoscaler and follows the spec.
+        scaled_objects = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
+        keda = {"serverAddress": "http://prometheus.monitoring:9090"}
+        await cluster.merge(decision_path, {"spec": {"autoscaling": {"keda": keda}}})
+        failed = await eventually(
+            lambda: _when(
+                status(cluster),
+                lambda s: [p.get("state") for p in s.get("pools", []) if p["eligible"]] == ["Failed", "Failed"],
+            )
+        )
+        assert all("autoscaling.keda needs KEDA" in p["predictorMessage"] for p in failed["pools"] if p["eligible"])
+        assert await names(cluster, hpas) == served
+        await cluster.install_keda()
+        await eventually(lambda: _equals(names(cluster, scaled_objects), served))
         await eventually(lambda: _equals(names(cluster, hpas), []))
+        await cluster.merge(decision_path, {"spec": {"autoscaling": {"keda": {"target": "8"}}}})
+
+        async def retargeted() -> bool:
+            triggers = [o["spec"]["triggers"][0]["metadata"] for o in await cluster.items(scaled_objects)]
+            return len(triggers) == 2 and all(t["threshold"] == "8" for t in triggers)
+
+        await eventually(retargeted)
+        await cluster.merge(decision_path, {"spec": {"autoscaling": None}})
+        await eventually(lambda: _equals(names(cluster, scaled_objects), []))
+        assert await names(cluster, hpas) == []
         # KServe arrives and the spec asks for it: InferenceServices replace the Deployments and Services.
         await cluster.install_kserve()
         await cluster.merge(decision_path, {"spec": {"backend": "kserve"}})

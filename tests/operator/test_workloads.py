@@ -1,8 +1,10 @@
-"""The deployment backend's pure builders: the InferenceService's pod in a Deployment, its Service and autoscaler,
-the release at /mnt/models without KServe, readiness from the Deployment's status, and what only KServe does."""
+"""The deployment backend's pure builders: the InferenceService's pod in a Deployment, its Service and autoscaler
+(a HorizontalPodAutoscaler or a KEDA ScaledObject), the release at /mnt/models without KServe, readiness from the
+Deployment's status, and what only KServe does; and a reconciliation's KEDA discovery."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,8 +14,9 @@ from clef_operator import workloads as w
 from clef_operator.builders import build_inferenceservice, build_update_patch
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.kube import ApiError
-from clef_operator.pools import NodePool
-from clef_operator.reconcile import Policy, resolve_backend
+from clef_operator.pools import GpuNode, NodePool
+from clef_operator.reconcile import Policy, reconcile, resolve_backend
+from clef_operator.resources import SCALED_OBJECTS, Resource
 from clef_operator.spec import parse_spec
 
 POOL = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())
@@ -126,6 +129,44 @@ def test_an_autoscaler_update_leaves_the_replicas_to_it() -> None:
     }
 
 
+KEDA = {"serverAddress": "http://prometheus.monitoring:9090", "metric": "clef_engine_in_flight", "target": "500m"}
+
+
+def test_keda_autoscaling_gets_a_scaled_object_that_owns_the_replicas() -> None:
+    spec = _spec(autoscaling={"minReplicas": 1, "maxReplicas": 4, "keda": KEDA})
+    deployment = _deployment(spec, name="clef-h100-pool")
+    assert "replicas" not in deployment["spec"]
+    scaled = w.build_autoscaler(spec, POOL, deployment)
+    assert scaled is not None and (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert scaled["metadata"] == deployment["metadata"]
+    query = 'sum(clef_engine_in_flight{namespace="ml",pod=~"clef-h100-pool-[a-z0-9]+-[a-z0-9]+"})'
+    assert scaled["spec"] == {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "clef-h100-pool"},
+        "minReplicaCount": 1,
+        "maxReplicaCount": 4,
+        "triggers": [
+            {
+                "type": "prometheus",
+                "metricType": "AverageValue",
+                "metadata": {"serverAddress": KEDA["serverAddress"], "query": query, "threshold": "0.5"},
+            }
+        ],
+    }
+    default = w.build_autoscaler(
+        _spec(autoscaling={"maxReplicas": 2, "keda": {"serverAddress": "http://p"}}), POOL, deployment
+    )
+    assert default is not None and default["spec"]["triggers"][0]["metadata"]["threshold"] == "4"
+    assert default["spec"]["triggers"][0]["metadata"]["query"].startswith("sum(clef_queue_depth{")
+
+
+def test_the_query_selects_the_deployments_pods_only() -> None:
+    pattern = re.search(r'pod=~"([^"]+)"', w.deployment_pods_query("clef_queue_depth", "ml", "clef-a"))
+    assert pattern is not None
+    ours = ["clef-a-7d9c8b6f5d-x2x4k", "clef-a-5f6d7c8b9-bcdfg"]  # <deployment>-<template hash>-<suffix>
+    others = ["clef-a-b-7d9c8b6f5d-x2x4k", "clef-ab-7d9c8b6f5d-x2x4k", "clef-a-7d9c8b6f5d", "x-clef-a-5f6d7c8b9-bcdfg"]
+    assert [bool(re.fullmatch(pattern[1], pod)) for pod in ours + others] == [True] * 2 + [False] * 4
+
+
 @pytest.mark.parametrize(
     ("spec", "found"),
     [
@@ -133,8 +174,8 @@ def test_an_autoscaler_update_leaves_the_replicas_to_it() -> None:
         (_spec(autoscaling={"maxReplicas": 2, "scaleMetric": "concurrency"}), "scaleMetric concurrency needs Knative"),
         (_spec(autoscaling={"minReplicas": 0, "maxReplicas": 2}), "keeps at least 1 replica"),
         (
-            _spec(autoscaling={"maxReplicas": 2, "keda": {"serverAddress": "http://prometheus:9090"}}),
-            "autoscaling.keda is served by the kserve backend",
+            _spec(autoscaling={"minReplicas": 0, "maxReplicas": 2, "keda": {"serverAddress": "http://prom:9090"}}),
+            "no pod reports at 0 replicas",
         ),
     ],
 )
@@ -221,3 +262,103 @@ async def test_a_failed_discovery_decides_nothing() -> None:
     discovery = Discovery(ApiError("discovering /apis/serving.kserve.io/v1beta1", 503, "unavailable"))
     with pytest.raises(ApiError):
         await resolve_backend(_spec(), Policy(), {}, discovery)  # type: ignore[arg-type]
+
+
+class Api:
+    """An in-memory API server for one reconciliation: objects by (plural, name), the calls made, and whether
+    KEDA's ScaledObjects are served (or the discovery failure)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.keda: bool | Exception = True
+
+    async def served(self, resource: Resource) -> bool:
+        assert resource == SCALED_OBJECTS
+        self.calls.append(("served", resource.plural))
+        if isinstance(self.keda, Exception):
+            raise self.keda
+        return self.keda
+
+    async def list_labelled(self, resource: Resource, namespace: str, label: str) -> list[dict[str, Any]]:
+        return [obj for (plural, _), obj in self.objects.items() if plural == resource.plural]
+
+    async def create(self, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", resource.plural))
+        self.objects[(resource.plural, body["metadata"]["name"])] = body
+        return body
+
+    async def patch(self, resource: Resource, namespace: str, name: str, ops: Any) -> dict[str, Any]:
+        self.calls.append(("patch", resource.plural))
+        return self.objects[(resource.plural, name)]
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> None:
+        self.calls.append(("delete", resource.plural))
+        del self.objects[(resource.plural, name)]
+
+
+H100_NODE = GpuNode(
+    "gpu-1",
+    {
+        POOL.label_key: POOL.name,
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+    },
+    1,
+)
+
+
+async def _pass(api: Api, autoscaling: dict[str, Any]) -> Any:
+    body = {
+        "metadata": {"name": "clef", "namespace": "ml", "uid": "u-1", "generation": 1},
+        "spec": {
+            "backend": "deployment",
+            "model": {"storageUri": "hf://cloudflare/clef-flash-fp8"},
+            "autoscaling": autoscaling,
+        },
+    }
+
+    def adopt(obj: dict[str, Any]) -> None:
+        obj["metadata"]["ownerReferences"] = [{"uid": "u-1", "kind": "ClefDecision", "name": "clef"}]
+
+    api.calls.clear()
+    return await reconcile(body, nodes=[H100_NODE], api=api, adopt=adopt)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("keda", "message"),
+    [
+        (False, "autoscaling.keda needs KEDA: the API server does not serve keda.sh/v1alpha1 ScaledObjects"),
+        (ApiError("discovering /apis/keda.sh/v1alpha1", 503, "unavailable"), "503 unavailable"),
+    ],
+)
+async def test_without_keda_the_pool_fails_and_its_serving_objects_stay(keda: bool | Exception, message: str) -> None:
+    api = Api()
+    await _pass(api, {"maxReplicas": 3})
+    serving = dict(api.objects)
+    assert {plural for plural, _ in serving} == {"deployments", "services", "horizontalpodautoscalers"}
+    api.keda = keda
+    outcome = await _pass(api, {"maxReplicas": 3, "keda": KEDA})
+    (entry,) = outcome.status["pools"]
+    assert entry["state"] == "Failed" and message in entry["predictorMessage"]
+    assert outcome.failed  # retried with backoff: installing KEDA later heals the pool
+    assert api.objects == serving and api.calls == [("served", "scaledobjects")]  # nothing written or deleted
+    if keda is False:
+        assert [e.reason for e in outcome.events if e.type == "Warning"] == ["KedaNotInstalled"]
+
+
+async def test_switching_autoscalers_removes_the_old_one_before_creating_the_new() -> None:
+    api = Api()
+    await _pass(api, {"maxReplicas": 3})
+    outcome = await _pass(api, {"maxReplicas": 3, "keda": KEDA})
+    assert not outcome.failed and outcome.status["pools"][0]["state"] == "Serving"
+    assert api.calls == [
+        ("served", "scaledobjects"),
+        ("delete", "horizontalpodautoscalers"),
+        ("create", "scaledobjects"),
+    ]
+    await _pass(api, {"maxReplicas": 3})
+    assert api.calls == [("delete", "scaledobjects"), ("create", "horizontalpodautoscalers")]
+    assert {plural for plural, _ in api.objects} == {"deployments", "services", "horizontalpodautoscalers"}

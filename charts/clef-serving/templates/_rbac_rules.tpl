@@ -42,7 +42,7 @@
   resources: [inferenceservices]
   verbs: [get, list, watch, create, patch, delete]
 # The deployment backend: a Deployment per eligible pool (watched for readiness; `get` as above), its Service,
-# and its HorizontalPodAutoscaler when autoscaled.
+# and its HorizontalPodAutoscaler when autoscaled, or its KEDA ScaledObject with autoscaling.keda.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
@@ -51,6 +51,9 @@
   verbs: [list, create, patch, delete]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
+  verbs: [list, create, patch, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
   verbs: [list, create, patch, delete]
 # Kubernetes Events for each decision.
 - apiGroups: [""]
