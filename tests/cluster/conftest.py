@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from clef_cluster.cluster import Cluster, down, up
-from tests.cluster.helpers import is_ready, namespace
-from tests.cluster.kube import CHART, EXAMPLE, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.helpers import apply_readme_decision
+from tests.cluster.kube import CHART, RELEASE, SYSTEM_NS, Kube, Operator
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +56,4 @@ def operator(
 @pytest.fixture(scope="session")
 def readme_decision(kube: Kube, operator: Operator) -> dict[str, Any]:
     """The README's ClefDecision applied with kubectl into ml-serving, waited for until Ready."""
-    namespace(kube, README_NS)
-    kube.run("apply", f"--namespace={README_NS}", "-f", str(EXAMPLE))
-    return eventually(
-        lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
-        "the README's ClefDecision to be Ready",
-        timeout=180,
-    )
+    return apply_readme_decision(kube)

@@ -6,7 +6,7 @@ from typing import Any
 
 from clef_cluster.nodes import GPU_POOLS
 from clef_cluster.storage import namespace_with_claims
-from tests.cluster.kube import Kube
+from tests.cluster.kube import EXAMPLE, README_NS, Kube, eventually
 
 DECISION_LABEL = "clef-serving.io/decision"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
@@ -18,6 +18,17 @@ POOL_NODES = {pool.name: {pool.node_name(i) for i in range(pool.nodes)} for pool
 def namespace(kube: Kube, name: str) -> None:
     """Create a namespace with the claims the README's ClefDecision mounts (bound to static volumes)."""
     kube.apply(*namespace_with_claims(name))
+
+
+def apply_readme_decision(kube: Kube) -> dict[str, Any]:
+    """The README's ClefDecision applied with kubectl into its namespace, waited for until Ready."""
+    namespace(kube, README_NS)
+    kube.run("apply", f"--namespace={README_NS}", "-f", str(EXAMPLE))
+    return eventually(
+        lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
+        "the README's ClefDecision to be Ready",
+        timeout=180,
+    )
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:

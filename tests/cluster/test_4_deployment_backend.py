@@ -16,9 +16,17 @@ from typing import Any
 import pytest
 
 from clef_cluster.cluster import Cluster, down, up
-from tests.cluster.helpers import DECISION_LABEL, FP8_POOLS, POOL_NODES, TOO_OLD_POOLS, is_ready, namespace, pod_ready
+from tests.cluster.helpers import (
+    DECISION_LABEL,
+    FP8_POOLS,
+    POOL_NODES,
+    TOO_OLD_POOLS,
+    apply_readme_decision,
+    is_ready,
+    pod_ready,
+)
 from tests.cluster.helpers import pool_status as pools_of
-from tests.cluster.kube import CHART, EXAMPLE, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import CHART, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -58,13 +66,7 @@ def bare_operator(bare_kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def served(bare_kube: Kube, bare_operator: Operator) -> dict[str, Any]:
     """The README's ClefDecision applied with kubectl into ml-serving, Ready."""
-    namespace(bare_kube, NS)
-    bare_kube.run("apply", f"--namespace={NS}", "-f", str(EXAMPLE))
-    return eventually(
-        lambda: (d := bare_kube.get("clefdecision", "clef-flash", NS)) and is_ready(d) and d,
-        "the README's ClefDecision to be Ready",
-        timeout=180,
-    )
+    return apply_readme_decision(bare_kube)
 
 
 SCALED_OBJECTS = "scaledobjects.keda.sh"
