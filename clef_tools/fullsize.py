@@ -4,11 +4,13 @@
 
 ``full``: the Qwen3.5-9B text shape (vocab 248320, hidden 4096, 32 layers: 3 Gated DeltaNet + 1
 full attention repeating, 16 heads / 4 KV heads of dim 256, linear attention 16 key / 32 value heads
-of dim 128, intermediate 12288, partial rotary 0.25, interleaved mrope), a one-block vision tower
-(its weights must exist; Clef reads text only) and a head of clef-flash's shape (hidden 4096, width
-1024, 2 routing layers, 4 layers, 16 heads, feed-forward 4096). ``tiny``: the same architecture at
-CPU-test size. The model is created on the ``meta`` device, materialised on ``--device`` and
-initialised there with the model's own initialisers, then saved as safetensors shards.
+of dim 128, intermediate 12288, partial rotary 0.25, interleaved mrope), Qwen3.5-9B's vision tower
+(27 blocks of hidden 1152, intermediate 4304, 16 heads, 2,304 position embeddings, 16-pixel patches merged
+2×2, its output projected to 4096: about 0.46 B parameters, kept BF16 by ``clef_tools.quantize``) and a head
+of clef-flash's shape (hidden 4096, width 1024, 2 routing layers, 4 layers, 16 heads, feed-forward 4096).
+``tiny``: the same architecture at CPU-test size (a one-block vision tower of hidden size 32). The model
+is created on the ``meta`` device, materialised on ``--device`` and initialised there with the model's own
+initialisers, then saved as safetensors shards.
 
 The tokenizer is Qwen3.5's own (``clef_tools.qwen_vocab``), so benchmark records have the real
 token counts and tokenizer cost. Random weights measure speed, never accuracy: a marker
@@ -32,6 +34,7 @@ from clef_tools.tiny import (
     SPECIAL_TOKENS,
     TINY_HEAD,
     TINY_TEXT_SHAPE,
+    TINY_VISION_SHAPE,
     backbone_config,
     build_tokenizer,
     random_head,
@@ -58,17 +61,27 @@ FULL_TEXT: dict[str, Any] = dict(
     max_position_embeddings=262144,
     mrope_section=[11, 11, 10],
 )
+FULL_VISION: dict[str, Any] = dict(
+    depth=27,
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_heads=16,
+    num_position_embeddings=2304,
+)
+"""Qwen3.5-9B's vision tower (transformers' ``Qwen3_5VisionConfig`` defaults)."""
 FULL_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
-SCALES: dict[str, tuple[dict[str, Any], HeadConfig, str]] = {
-    "full": (FULL_TEXT, FULL_HEAD, "5GB"),
-    "tiny": (TINY_TEXT_SHAPE, TINY_HEAD, "1MB"),  # small shards: the sharded layout is exercised on the CPU too
+SCALES: dict[str, tuple[dict[str, Any], dict[str, Any], HeadConfig, str]] = {
+    "full": (FULL_TEXT, FULL_VISION, FULL_HEAD, "5GB"),
+    # small shards: the sharded layout is exercised on the CPU too
+    "tiny": (TINY_TEXT_SHAPE, TINY_VISION_SHAPE, TINY_HEAD, "1MB"),
 }
 DTYPES = {"bf16": torch.bfloat16}
 
 
 def model_config(scale: str, token_id: dict[str, int]) -> Any:
-    """The ``Qwen3_5Config`` of ``scale`` (text shape above, one-block vision tower)."""
-    return backbone_config(SCALES[scale][0], token_id)
+    """The ``Qwen3_5Config`` of ``scale`` (the text and vision shapes above)."""
+    text, vision, _, _ = SCALES[scale]
+    return backbone_config(text, vision, token_id)
 
 
 def random_backbone(config: Any, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
@@ -106,7 +119,7 @@ def build_release(
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path} exists and is not empty")
     path.mkdir(parents=True, exist_ok=True)
-    _, head_config, shard_size = SCALES[scale]
+    _, _, head_config, shard_size = SCALES[scale]
     started = time.perf_counter()
     tokenizer = build_tokenizer()
     token_id = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}

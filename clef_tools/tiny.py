@@ -132,8 +132,27 @@ TINY_TEXT_SHAPE: dict[str, Any] = dict(
 """Text-model sizes of the tiny release (dims from the lists vLLM's CPU kernels accept; Qwen3.5's vocabulary)."""
 
 
-def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any:
-    """A ``Qwen3_5Config``: the given text sizes, every fourth layer full attention, a one-block vision tower."""
+TINY_VISION_SHAPE: dict[str, Any] = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    num_position_embeddings=64,
+)
+"""Vision-tower sizes of the tiny release: one block of hidden size 32 (patching: :data:`VISION_PATCHING`)."""
+VISION_PATCHING: dict[str, Any] = dict(
+    in_channels=3,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    hidden_act="gelu_pytorch_tanh",
+)
+"""The vision tower's patching and activation, the same at every scale (Qwen3.5's; its processor's patches)."""
+
+
+def backbone_config(text_shape: dict[str, Any], vision_shape: dict[str, Any], token_id: dict[str, int]) -> Any:
+    """A ``Qwen3_5Config``: the given text sizes, every fourth layer full attention, and a vision tower of the
+    given sizes (:data:`VISION_PATCHING`, its output projected to the text hidden size)."""
     from transformers import Qwen3_5Config
 
     shape = dict(text_shape)
@@ -160,18 +179,7 @@ def backbone_config(text_shape: dict[str, Any], token_id: dict[str, int]) -> Any
         bos_token_id=None,
         dtype="bfloat16",
     )
-    vision = dict(
-        depth=1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        in_channels=3,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        out_hidden_size=shape["hidden_size"],
-        num_position_embeddings=64,
-    )
+    vision = dict(vision_shape, **VISION_PATCHING, out_hidden_size=shape["hidden_size"])
     config = Qwen3_5Config(
         text_config=text,
         vision_config=vision,
@@ -253,7 +261,7 @@ def build_tiny_release(
     token_id = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     torch.manual_seed(seed)
     shape = dict(TINY_TEXT_SHAPE, vocab_size=vocab_size(vocabulary))
-    model = Qwen3_5ForConditionalGeneration(backbone_config(shape, token_id)).bfloat16().eval()
+    model = Qwen3_5ForConditionalGeneration(backbone_config(shape, TINY_VISION_SHAPE, token_id)).bfloat16().eval()
     with torch.no_grad():  # non-trivial norm weights: a wrong norm convention must show up in tests
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -16,7 +16,7 @@ from clef_tools.tiny import SPECIAL_TOKENS
 TOKEN_IDS = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 
 
-def test_full_shape_is_qwen3_5_9b_text() -> None:
+def test_full_shape_is_qwen3_5_9b() -> None:
     from transformers import Qwen3_5ForConditionalGeneration
 
     text = model_config("full", TOKEN_IDS).text_config
@@ -33,10 +33,15 @@ def test_full_shape_is_qwen3_5_9b_text() -> None:
     assert text.layer_types.count("full_attention") == 8 and text.layer_types[7::4] == ["full_attention"] * 7
     assert text.rope_parameters["partial_rotary_factor"] == 0.25
     assert text.rope_parameters["mrope_interleaved"] is True
+    vision = model_config("full", TOKEN_IDS).vision_config
+    assert (vision.depth, vision.hidden_size, vision.intermediate_size, vision.num_heads) == (27, 1152, 4304, 16)
+    assert (vision.num_position_embeddings, vision.patch_size, vision.spatial_merge_size) == (2304, 16, 2)
+    assert (vision.temporal_patch_size, vision.hidden_act, vision.out_hidden_size) == (2, "gelu_pytorch_tanh", 4096)
     with torch.device("meta"):
         model = Qwen3_5ForConditionalGeneration._from_config(model_config("full", TOKEN_IDS))
-    parameters = sum(p.numel() for p in model.parameters())
-    assert 8.9e9 < parameters < 9.1e9
+    tower = sum(p.numel() for name, p in model.named_parameters() if name.startswith("model.visual."))
+    text = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("model.visual."))
+    assert 8.9e9 < text < 9.1e9 and 0.45e9 < tower < 0.47e9
     assert (FULL_HEAD.hidden_size, FULL_HEAD.width, FULL_HEAD.layers, FULL_HEAD.heads) == (4096, 1024, 4, 16)
 
 
