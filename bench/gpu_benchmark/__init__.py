@@ -25,6 +25,14 @@ leak or a left-over engine process cannot spoil the next):
   Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
 - vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
   architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
+- vision: vLLM + the plugin on the FP8 release with its vision tower loaded (``engine_kwargs(vision=True)``),
+  the engine settings of ``vllm-fp8-graphs`` (eager on the CPU), ``max_model_len`` at least
+  ``--vision-max-model-len`` (4,096: room for 4 images of 1024×768). Text-only throughput over all records
+  (its ratio to ``vllm-fp8-<mode>`` of the same invocation is added to the summary: the target is ≥ 0.98),
+  then for 1 and 4 images of 448×448 and of 1024×768 per request (seeded random-noise JPEG files, each
+  request's images named anew so no vLLM cache serves one twice) throughput over the first
+  ``--vision-records`` records (64; image tokens counted) and ``--vision-latency-requests`` (16) lone
+  requests; the decoding and preprocessing by the release's processor is timed on its own, per image.
 - http, http-dp2: ``python -m predictor`` (vLLM engine, FP8 release, ``--http-mode``; ``--dp 2`` for
   http-dp2) and closed-loop HTTP clients (``--http-clients``, default 1/8/64/256; ``--http-requests`` per
   multi-client load, default 2,000; no body sent twice, so an answer cache cannot serve any). Then, for
@@ -50,7 +58,7 @@ The summary goes to ``--out``/gpu_benchmark.json (default: the --work folder).
 
 Modules: ``cli`` (options, the parent's run), ``names`` (cases, variants, compared pairs), ``prepare``
 (releases and records), ``processes`` (each case in its own process group), ``reference_cases``
-(transformers, head), ``vllm_case`` and ``engine_args``, ``http_case`` with ``metrics`` (the predictor's
-/metrics), ``traces`` (profiler traces), ``timing`` (passes and their figures), ``report`` (agreement, the
-table), ``workdir`` (files in ``--work``).
+(transformers, head), ``vllm_case`` and ``engine_args``, ``vision_case``, ``http_case`` with ``metrics`` (the
+predictor's /metrics), ``traces`` (profiler traces), ``timing`` (passes and their figures), ``report``
+(agreement, the table), ``workdir`` (files in ``--work``).
 """

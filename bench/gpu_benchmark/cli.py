@@ -26,6 +26,7 @@ from bench.gpu_benchmark.names import (
 from bench.gpu_benchmark.prepare import prepare
 from bench.gpu_benchmark.processes import CASE_FUNCTIONS, run_case_process, run_child
 from bench.gpu_benchmark.report import agreement, environment, summarize
+from bench.gpu_benchmark.vision_case import attach_text_ratios
 from bench.gpu_benchmark.workdir import log, write_json
 
 
@@ -86,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine case (median, min, max)")
     parser.add_argument("--latency-records", type=int, default=64, help="records sent one at a time for latency")
+    parser.add_argument(
+        "--vision-records", type=int, default=64, help="records per image set in the vision case's throughput passes"
+    )
+    parser.add_argument(
+        "--vision-latency-requests", type=int, default=16, help="lone requests per image set in the vision case"
+    )
+    parser.add_argument(
+        "--vision-max-model-len",
+        type=int,
+        default=4096,
+        help="the vision engine's max_model_len (at least --max-model-len): room for 4 images of 1024x768",
+    )
     parser.add_argument("--http-clients", type=lambda text: [int(v) for v in text.split(",")], default=[1, 8, 64, 256])
     parser.add_argument("--http-requests", type=int, default=2000, help="requests per multi-client HTTP load")
     parser.add_argument("--http-single-requests", type=int, default=200, help="requests of the one-client HTTP load")
@@ -150,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         args.http_variants = http_variants(args.http_args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.vision_records < 1 or args.vision_latency_requests < 1:
+        parser.error("--vision-records and --vision-latency-requests must be at least 1")
     if not all(0.0 <= fraction <= 1.0 for fraction in args.http_repeat_fractions):
         parser.error("--http-repeat-fractions: each share must be between 0 and 1")
     cases = [case.strip() for case in args.cases.split(",") if case.strip()]
@@ -207,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"case {key}: SKIPPED {summary['cases'][key]['skipped']}")
             else:
                 log(f"case {key}: done")
+        attach_text_ratios(summary["cases"], args.work)
         try:
             summary["agreement"] = agreement(args.work)
         except Exception as exc:  # noqa: BLE001

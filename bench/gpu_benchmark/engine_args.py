@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 from bench.gpu_benchmark.names import MODES
@@ -40,6 +42,36 @@ def merge_engine_args(
     if "compilation_config" in extra and mode == "graphs" and "compilation_config" not in mode_args:
         mode_args = {**mode_args, "compilation_config": graph_compilation_config(prefill_capture_sizes(max_model_len))}
     return overlay_engine_args(mode_args, extra)
+
+
+def plugin_engine_kwargs(
+    args: argparse.Namespace,
+    release: str,
+    mode: str,
+    settings: dict[str, Any] | None = None,
+    *,
+    max_model_len: int | None = None,
+    vision: bool = False,
+) -> dict[str, Any]:
+    """``clef_plugin.engine_kwargs`` of a vLLM case: the mode's arguments, ``--engine-args`` (or a variant's) and
+    ``settings`` on top, the scheduler options, FLA's Triton GDN prefill on CUDA; ``max_model_len`` (default:
+    ``--max-model-len``) and ``vision`` (the vision tower loaded) as the vision case asks."""
+    import clef_plugin
+
+    length = max_model_len or args.max_model_len
+    extra = merge_engine_args(mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), length)
+    if args.device.startswith("cuda"):
+        extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
+    extra.update(settings or {})
+    return clef_plugin.engine_kwargs(
+        release,
+        max_model_len=extra.pop("max_model_len", length),
+        gpu_memory_utilization=extra.pop("gpu_memory_utilization", args.gpu_memory_utilization),
+        max_num_batched_tokens=extra.pop("max_num_batched_tokens", args.max_num_batched_tokens),
+        max_num_seqs=extra.pop("max_num_seqs", args.max_num_seqs),
+        vision=vision,
+        **extra,
+    )
 
 
 def stock_engine_kwargs(plugin_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ VLLM_CASES = (*PLUGIN_CASES, *STOCK_CASES)
 HTTP_CASES = ("http", "http-dp2")
 
 
-CASES = ("prepare", "transformers", "head", *VLLM_CASES, *HTTP_CASES)
+CASES = ("prepare", "transformers", "head", *VLLM_CASES, "vision", *HTTP_CASES)
 
 
 ENGINE_CASES = ("transformers", *VLLM_CASES)
@@ -35,6 +35,7 @@ MIN_SECONDS = {
     "head": 30,
     **dict.fromkeys(HTTP_CASES, 150),
     **dict.fromkeys(VLLM_CASES, 120),
+    "vision": 180,
 }
 
 

@@ -18,6 +18,7 @@ from bench.gpu_benchmark.engine_args import overlay_engine_args
 from bench.gpu_benchmark.http_case import case_http
 from bench.gpu_benchmark.names import MODES, PRECISIONS, STOCK_CASES, base_case, variant_name
 from bench.gpu_benchmark.reference_cases import case_head, case_transformers
+from bench.gpu_benchmark.vision_case import case_vision
 from bench.gpu_benchmark.vllm_case import case_vllm
 from bench.gpu_benchmark.workdir import log, write_json
 from clef_contract.predictor import COMPILE_CACHE_DIR, COMPILE_CACHE_ENV
@@ -32,6 +33,7 @@ CASE_FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "head": case_head,
     **{f"vllm-{p}-{m}": vllm_case(p, m) for p in PRECISIONS for m in MODES},
     **{f"vllm-stock-{p}-{m}": vllm_case(p, m, stock=True) for p in ("bf16", "fp8") for m in MODES},
+    "vision": case_vision,
     "http": case_http,
     "http-dp2": lambda args, work, releases: case_http(args, work, releases, data_parallel=2),
 }
@@ -84,6 +86,14 @@ def child_command(args: argparse.Namespace, key: str) -> list[str]:
         str(args.http_requests),
         "--latency-records",
         str(args.latency_records),
+        "--seed",
+        str(args.seed),
+        "--vision-records",
+        str(args.vision_records),
+        "--vision-latency-requests",
+        str(args.vision_latency_requests),
+        "--vision-max-model-len",
+        str(args.vision_max_model_len),
         "--http-ready-timeout",
         str(args.http_ready_timeout),
         "--http-mode",
@@ -146,7 +156,10 @@ def run_case_process(args: argparse.Namespace, deadline: float, key: str) -> dic
         try:
             run_process_group(child_command(args, key), log_file, env, timeout)
         except subprocess.TimeoutExpired:
-            return {"case": key, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
+            failed = {"case": key, "error": f"timed out after {timeout:.0f} s (time budget)", "log": str(log_path)}
+            if result_file.is_file():  # a case that writes its figures as it goes (the vision case) keeps them
+                failed["partial"] = json.loads(result_file.read_text())
+            return failed
     if not result_file.is_file():
         tail = log_path.read_text()[-3000:]
         return {"case": key, "error": "the case process died without a result", "log_tail": tail}

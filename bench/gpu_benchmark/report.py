@@ -49,6 +49,37 @@ def agreement(work: Path) -> dict[str, Any]:
     return found
 
 
+def vision_rows(cases: dict[str, Any]) -> list[str]:
+    """The table's lines for the vision cases: text-only throughput (and its ratio to the text case), then per
+    image set throughput, lone-request latency and preprocessing time."""
+    rows = []
+    for key in sorted(key for key in cases if base_case(key) == "vision"):
+        result = cases[key] or {}
+        if "text_only" not in result:  # failed, skipped, or cut by the time budget after its first figures
+            rows.append(f"{key}: {result.get('error') or result.get('skipped') or 'no figures'}")
+            result = result.get("partial") or {}
+            if "text_only" not in result:
+                continue
+        text = result["text_only"]
+        ratio = text.get("ratio_to_text_case")
+        rows.append(
+            f"{key}: started in {result['start_s']} s ({result['mode']}, max_model_len {result['max_model_len']}); "
+            f"text only {text['records_per_s']} rec/s, {text['prompt_tokens_per_s']} tok/s "
+            f"({text['prompt_tokens_per_s_spread']['min']:.0f}-{text['prompt_tokens_per_s_spread']['max']:.0f})"
+            + (f" = {ratio['ratio']:.3f}x {ratio['case']} (target >= {ratio['target']})" if ratio else "")
+        )
+        for name, figures in result.get("images", {}).items():
+            tokens = figures["prompt_tokens_per_s_spread"]
+            latency = figures["single_request_ms"]
+            rows.append(
+                f"{key} {name}: {figures['records_per_s']} rec/s, {figures['prompt_tokens_per_s']} tok/s "
+                f"({tokens['min']:.0f}-{tokens['max']:.0f}; {figures['image_tokens_per_request']} image tokens of "
+                f"{figures['mean_prompt_tokens']} a request); one request p50 {latency['p50']} ms, p95 "
+                f"{latency['p95']} ms; preprocessing {figures['preprocess_ms_per_image']} ms per image"
+            )
+    return rows
+
+
 def summarize(work: Path, summary: dict[str, Any]) -> str:
     """A compact table of every case result found in ``work`` (this run's and earlier ones')."""
     rows = [
@@ -105,6 +136,7 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
             f"head, one record: {paths}; graphs == eager static: {one.get('graphs_equal_static_eager')}, "
             f"static vs dynamic max |Δ| {one.get('static_max_abs_diff_vs_dynamic')}"
         )
+    rows += vision_rows(summary.get("cases", {}))
     for key in sorted(key for key in summary.get("cases", {}) if base_case(key) in HTTP_CASES):
         http = summary["cases"][key] or {}
         if "ready_s" in http:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_benchmark.engine_args import STOCK_TASK, merge_engine_args, mode_kwargs, stock_engine_kwargs
+from bench.gpu_benchmark.engine_args import STOCK_TASK, plugin_engine_kwargs, stock_engine_kwargs
 from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, repeated_rates, timed_passes
 from bench.gpu_benchmark.traces import summarize_trace
 from bench.gpu_benchmark.workdir import load_encoded, save_logits
@@ -27,28 +26,17 @@ def case_vllm(
 
     ids, layouts = load_encoded(work)
     key = args.result_key or (f"vllm-stock-{precision}-{mode}" if stock else f"vllm-{precision}-{mode}")
-    extra = merge_engine_args(
-        mode, mode_kwargs(mode, args.capture_sizes), json.loads(args.engine_args), args.max_model_len
-    )
-    if args.device.startswith("cuda"):
-        extra.setdefault("gdn_prefill_backend", "triton")  # flashinfer's GDN kernel is not in the bundle
     trace_dir = work / "profiles" / key
+    profiler: dict[str, Any] = {}
     if args.profile:
-        extra["profiler_config"] = {
+        profiler["profiler_config"] = {
             "profiler": "torch",
             "torch_profiler_dir": str(trace_dir),
             "torch_profiler_with_stack": False,
             "torch_profiler_dump_cuda_time_total": False,
             "ignore_frontend": True,
         }
-    kwargs = clef_plugin.engine_kwargs(
-        releases[precision],
-        max_model_len=extra.pop("max_model_len", args.max_model_len),
-        gpu_memory_utilization=extra.pop("gpu_memory_utilization", args.gpu_memory_utilization),
-        max_num_batched_tokens=extra.pop("max_num_batched_tokens", args.max_num_batched_tokens),
-        max_num_seqs=extra.pop("max_num_seqs", args.max_num_seqs),
-        **extra,
-    )
+    kwargs = plugin_engine_kwargs(args, releases[precision], mode, profiler)
     if stock:
         kwargs = stock_engine_kwargs(kwargs)
     result: dict[str, Any] = {

@@ -18,7 +18,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
 # its part of the one summary. vllm-fp8-eager+seqs2 is vllm-fp8-eager again with max_num_seqs=2. One plugin case per
 # code path: a vllm-bf16-eager case would run vllm-fp8-eager's code on the other release (each case is a process that
 # imports vLLM and starts an engine); FP8's agreement is checked against the transformers case's BF16 logits, and the
-# BF16-vs-FP8 pairing in test_gpu_benchmark_units.py.
+# BF16-vs-FP8 pairing in test_gpu_benchmark_units.py. The vision case is not here: its engine (vision tower loaded,
+# multimodal profiling at start) and its four image sets would add minutes to a run that is already the suite's
+# slowest; its parts that need no engine (images, names, figures, the ratio to the text case, the table) are tested
+# in test_gpu_benchmark_units.py.
 SMOKE_CASES = "prepare,transformers,head,vllm-stock-bf16-eager,vllm-fp8-eager,vllm-fp8-eager+seqs2,http"
 SMOKE_FLAGS = (
     "--variant",

@@ -6,8 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from clef_head.encoder import EncodedRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -210,3 +213,129 @@ def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
     assert json.loads(target.read_text()) == {"bf16": "/tmp/new", "fp8": "/tmp/fp8"}
     assert target.stat().st_ino != before, "written in place, not renamed over"
     assert [path.name for path in tmp_path.iterdir()] == ["releases.json"]
+
+
+# The vision case starts a vLLM engine with the vision tower and runs every image set: minutes on the CPU, so it is
+# not in the CPU smoke run (test_gpu_benchmark_smoke.py); its parts that need no engine are tested here.
+
+
+def test_vision_case_images_are_seeded_noise_files_of_each_sets_size() -> None:
+    from bench.gpu_benchmark.vision_case import IMAGE_SETS, ImageSet, image_files
+    from clef_head.media import decode_image
+
+    assert [image_set.name for image_set in IMAGE_SETS] == ["1x448x448", "4x448x448", "1x1024x768", "4x1024x768"]
+    files = image_files(ImageSet(3, 64, 48), seed=2)
+    assert files == image_files(ImageSet(3, 64, 48), seed=2) and len(set(files)) == 3
+    assert files != image_files(ImageSet(3, 64, 48), seed=3)
+    assert all(data.startswith(b"\xff\xd8\xff") for data in files)
+    image = decode_image(files[0], ("images", 0))
+    assert image.size == (64, 48) and image.mode == "RGB"
+
+
+def _encoded_with_images(pads: int, state_tokens: int, truncated: bool = False) -> EncodedRequest:
+    import torch
+
+    from clef_head.layout import RecordLayout
+    from clef_head.media import EncodedMedia
+
+    media = EncodedMedia(
+        token_ids=[1, *([9] * pads), 2, 3],
+        token_type_ids=[0, *([1] * pads), 0, 0],
+        pixel_values=torch.zeros(4 * pads, 1536),
+        image_grid_thw=torch.tensor([[1, 2, 2 * pads]]),
+        digest=b"files",
+    )
+    ids = [5, 6, *media.token_ids, *([7] * state_tokens)]
+    return EncodedRequest(ids, RecordLayout(questions=()), state_truncated=truncated, media=media, media_offset=2)
+
+
+def test_vision_case_names_every_requests_images_anew() -> None:
+    """vLLM keys its encoder cache on the images' names: a request named like an earlier one would skip the tower."""
+    import clef_plugin
+    from bench.gpu_benchmark.vision_case import renamed
+
+    encoded = _encoded_with_images(pads=4, state_tokens=3)
+    first, second = renamed(encoded, "pass 0:1"), renamed(encoded, "pass 1:1")
+    assert first.input_ids == encoded.input_ids and first.media is not None and encoded.media is not None
+    assert first.media.pixel_values is encoded.media.pixel_values
+    prompts = [clef_plugin.engine_prompt(item, 9) for item in (encoded, first, second, renamed(encoded, "pass 0:1"))]
+    names = [prompt["multi_modal_uuids"]["image"][0] for prompt in prompts]
+    assert len(set(names[:3])) == 3 and names[3] == names[1]
+    assert len({tuple(prompt["prompt_token_ids"]) for prompt in prompts}) == 1
+    with pytest.raises(ValueError):
+        renamed(EncodedRequest([1, 2], encoded.layout), "text only")
+
+
+def test_vision_case_figures_count_image_tokens_and_keep_the_spread() -> None:
+    from bench.gpu_benchmark.vision_case import ImageSet, image_set_result
+
+    encoded = [
+        _encoded_with_images(pads=8, state_tokens=10),
+        _encoded_with_images(pads=8, state_tokens=30, truncated=True),
+    ]
+    tokens = sum(len(item.input_ids) for item in encoded)  # 2 + 11 + 10 and 2 + 11 + 30
+    assert tokens == 66
+    result = image_set_result(ImageSet(2, 448, 448), encoded, [2.0, 1.0, 4.0], [30.0, 10.0, 20.0], [8.0, 6.0, 10.0])
+    assert result["image_tokens_per_request"] == 8 and result["mean_prompt_tokens"] == 33.0
+    assert result["states_cut"] == 1 and result["images_per_request"] == 2 and result["image_size"] == [448, 448]
+    assert result["seconds"] == 2.0 and result["records_per_s"] == 1.0 and result["prompt_tokens_per_s"] == 33.0
+    assert (
+        result["records_per_s_spread"]["runs"] == [1.0, 2.0, 0.5] and result["prompt_tokens_per_s_spread"]["max"] == 66
+    )
+    assert result["single_request_ms"]["p50"] == 20.0 and result["single_request_ms"]["count"] == 3
+    assert result["preprocess_ms_per_request"]["median"] == 8.0 and result["preprocess_ms_per_image"] == 4.0
+    with pytest.raises(ValueError):
+        image_set_result(ImageSet(1, 448, 448), [EncodedRequest([1], encoded[0].layout)], [1.0], [1.0], [1.0])
+
+
+def test_vision_case_text_throughput_is_set_against_the_text_case_of_its_mode(tmp_path: Path) -> None:
+    from bench.gpu_benchmark.report import vision_rows
+    from bench.gpu_benchmark.vision_case import attach_text_ratios, text_ratio
+
+    spread = {"min": 980.0, "max": 1000.0}
+    same = {"records": 2, "prompt_tokens": 1000}
+    figures = {**same, "records_per_s": 2.0, "prompt_tokens_per_s": 990.0, "prompt_tokens_per_s_spread": spread}
+    vision = {"mode": "graphs", "start_s": 90.0, "max_model_len": 4096, "text_only": dict(figures), "images": {}}
+    cases: dict[str, Any] = {
+        "vllm-fp8-graphs": {**same, "prompt_tokens_per_s": 1000.0},
+        "vllm-fp8-eager": {**same, "prompt_tokens_per_s": 10.0},
+        "vision": vision,
+        "vision-again": {"error": "timed out", "partial": {**vision, "text_only": dict(figures)}},
+    }
+    attach_text_ratios(cases)
+    expected = {
+        "case": "vllm-fp8-graphs",
+        "same_invocation": True,
+        "case_prompt_tokens_per_s": 1000.0,
+        "ratio": 0.99,
+        "target": 0.98,
+        "met": True,
+    }
+    assert vision["text_only"]["ratio_to_text_case"] == expected
+    assert cases["vision-again"]["partial"]["text_only"]["ratio_to_text_case"] == expected
+    slower = {**vision, "text_only": {**figures, "prompt_tokens_per_s": 970.0}}
+    assert text_ratio(slower, cases) == {**expected, "ratio": 0.97, "met": False}
+    other_records = {**vision, "text_only": {**figures, "records": 3}}
+    assert text_ratio(other_records, cases) is None
+    rows = vision_rows(cases)
+    assert "= 0.990x vllm-fp8-graphs" in rows[0] and rows[1] == "vision-again: timed out" and "0.990x" in rows[2]
+
+    # No text case of the vision engine's mode in this invocation: an earlier one's result in --work, else none.
+    alone: dict[str, Any] = {"vision": {**vision, "text_only": dict(figures)}}
+    attach_text_ratios(alone, tmp_path)
+    assert "ratio_to_text_case" not in alone["vision"]["text_only"]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "vllm-fp8-graphs.json").write_text(json.dumps({**same, "prompt_tokens_per_s": 1000.0}))
+    attach_text_ratios(alone, tmp_path)
+    assert alone["vision"]["text_only"]["ratio_to_text_case"] == {**expected, "same_invocation": False}
+
+
+def test_vision_case_process_gets_the_vision_options() -> None:
+    from bench.gpu_benchmark.cli import build_parser
+    from bench.gpu_benchmark.processes import child_command
+
+    args = build_parser().parse_args(["--vision-records", "12", "--vision-latency-requests", "3", "--seed", "5"])
+    args.variants, args.http_variants = {}, {}
+    child = build_parser().parse_args(child_command(args, "vision")[3:])
+    assert (child.run_case, child.vision_records, child.vision_latency_requests, child.seed) == ("vision", 12, 3, 5)
+    assert child.vision_max_model_len == 4096
