@@ -26,9 +26,11 @@ from clef_head.media import (
     EncodedMedia,
     MediaLimits,
     decode_image,
-    encode_images,
-    files_digest,
+    decode_videos,
+    encode_media,
+    media_digest,
     release_image_processor,
+    release_video_processor,
 )
 from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor.core.errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unreadable, parse_param, quoted
@@ -60,13 +62,16 @@ class VisionSettings:
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
 
 
-TEXT_ONLY_MEDIA = "images are not supported by this server: it serves text and JSON only (started without --vision)"
+TEXT_ONLY_MEDIA = (
+    "images and videos are not supported by this server: it serves text and JSON only (started without --vision)"
+)
 
 
 def refuse_media(body: Any, where: tuple[int | str, ...]) -> None:
-    """On a text-only server, refuse a body that sends images (before any other check, as the model card says)."""
+    """On a text-only server, refuse a body that sends images or videos (before any other check, as the model
+    card says)."""
     if isinstance(body, dict):
-        for field in ("assets", "images"):
+        for field in ("assets", "images", "videos"):
             if body.get(field):
                 raise BadInput(TEXT_ONLY_MEDIA, (*where, field))
 
@@ -119,18 +124,24 @@ def encode(
         ) from None
 
 
-def read_images(
+def read_media(
     tokenizer: Any, vision: VisionSettings, request: SystemOneRequest, parts: Mapping[str, bytes]
 ) -> tuple[SystemOneRequest, EncodedMedia | None]:
-    """The request with its placeholders resolved, and its images decoded and encoded (``None``: it has none);
-    :class:`InvalidRequest` names the field of a refused image."""
+    """The request with its placeholders resolved, and its images and videos decoded and encoded (``None``: it
+    has neither); :class:`InvalidRequest` names the field of a refused image, video or frame."""
     resolved = resolve_media(request, parts, vision.limits)
-    if not resolved.images:
+    if not resolved.images and not resolved.videos:
         return resolved.request, None
     images = [decode_image(source.data, source.where, vision.limits) for source in resolved.images]
-    processor = release_image_processor(vision.release_dir)
-    digest = files_digest([source.data for source in resolved.images])
-    return resolved.request, encode_images(tokenizer, processor, images, digest)
+    videos = decode_videos(resolved.videos, vision.limits)
+    return resolved.request, encode_media(
+        tokenizer,
+        images,
+        videos,
+        media_digest(resolved.images, resolved.videos),
+        image_processor=release_image_processor(vision.release_dir) if images else None,
+        video_processor=release_video_processor(vision.release_dir) if videos else None,
+    )
 
 
 def prepare(
@@ -141,7 +152,7 @@ def prepare(
     media = None
     if settings.vision is not None and (request.has_media or parts):
         try:
-            request, media = read_images(tokenizer, settings.vision, request, parts or {})
+            request, media = read_media(tokenizer, settings.vision, request, parts or {})
         except InvalidRequest as exc:
             raise BadInput(exc.message, (*parse_param(prefix), *exc.loc), exc.kind) from None
     return request, encode(tokenizer, settings, request, prefix, media)

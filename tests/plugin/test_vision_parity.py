@@ -16,7 +16,7 @@ from PIL import Image
 
 import clef_plugin
 from clef_head.encoder import EncodedRequest, encode_request
-from clef_head.media import IMAGE_PAD, encode_images, files_digest, release_image_processor
+from clef_head.media import IMAGE_PAD, ImageSource, encode_media, media_digest, release_image_processor
 from clef_head.request import parse_request
 from reliability.image_files import image_file
 from tests.plugin.conftest import MAX_MODEL_LEN, TOLERANCE, stop_engine
@@ -46,7 +46,8 @@ def _encoded(model_dir: Path) -> list[EncodedRequest]:
     encoded = []
     for files in IMAGE_SETS:
         images = [Image.open(io.BytesIO(data)) for data in files]
-        media = encode_images(tokenizer, processor, images, files_digest(files)) if files else None
+        digest = media_digest([ImageSource(data, ("images", index)) for index, data in enumerate(files)])
+        media = encode_media(tokenizer, images, [], digest, image_processor=processor) if files else None
         encoded.append(encode_request(tokenizer, request, max_length=MAX_MODEL_LEN, media=media))
     return encoded
 
