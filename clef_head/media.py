@@ -139,6 +139,9 @@ class EncodedMedia:
     pixel_values_videos: torch.Tensor | None
     video_grid_thw: torch.Tensor | None
     video_timestamps: tuple[tuple[float, ...], ...]
+    video_runs: tuple[tuple[int, int], ...]
+    """Each video's [start, end) in ``token_ids``: its frame pairs' times, markers and pads (what stands for
+    one ``<|video_pad|>`` of the original's placeholder), between the video's own outer markers."""
     digest: bytes
     """SHA-256 of the media files (:func:`media_digest`): what tells two prompts' media apart (the answer
     cache's key)."""
@@ -338,6 +341,7 @@ def encode_media(
             token_types += [0, *([IMAGE_TOKEN_TYPE] * pads), 0]
     video_pixels = video_grid = None
     timestamps: list[tuple[float, ...]] = []
+    runs: list[tuple[int, int]] = []
     if videos:
         if video_processor is None:
             raise ValueError("videos need the video processor")
@@ -361,10 +365,12 @@ def encode_media(
             pads = (row[1] * row[2]) // merged
             token_ids.append(start)
             token_types.append(0)
+            run_start = len(token_ids)
             for seconds in times:
                 stamp = list(tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"])
                 token_ids += [*stamp, start, *([video_pad] * pads), end]
                 token_types += [0] * (len(stamp) + 1) + [VIDEO_TOKEN_TYPE] * pads + [0]
+            runs.append((run_start, len(token_ids)))
             token_ids.append(end)
             token_types.append(0)
     separator = list(tokenizer(MEDIA_SEPARATOR, add_special_tokens=False)["input_ids"])
@@ -376,5 +382,6 @@ def encode_media(
         pixel_values_videos=video_pixels,
         video_grid_thw=video_grid,
         video_timestamps=tuple(timestamps),
+        video_runs=tuple(runs),
         digest=digest,
     )
