@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from clef_head.assets import resolve_media
-from clef_head.media import ImageSource, MediaLimits, VideoSource, decode_image, decode_videos
+from clef_head.media import ImageSource, MediaLimits, VideoSource, decode_image, decode_videos, media_digest
 from clef_head.request import InvalidRequest, parse_request
 from reliability.image_files import gif_file, image_file, png_bomb, truncated, wrong_signature
 
@@ -191,6 +191,26 @@ def test_video_frames_are_refused_before_decoding() -> None:
     _frame_refused([PNG, PNG, image_file(30, 40)], param="videos.0.frames.2", rule="the frame is 30×40 pixels")
     limits = MediaLimits(max_video_pixels=3 * 40 * 30)
     _frame_refused([PNG, PNG], [PNG, PNG], param="videos.1", rule="more than 3600 pixels", limits=limits)
+
+
+def test_media_digest_tells_apart_what_the_token_ids_do_not() -> None:
+    """The answer cache's key: other frames, a frame moved to the next video, another fps, a video's frames
+    sent as images give other digests; the same media the same."""
+    a, b, c = (ImageSource(image_file(8, 8, seed=seed), ("x",)) for seed in range(3))
+
+    def video(*frames: ImageSource, fps: float | None = None) -> VideoSource:
+        return VideoSource(frames, fps, ("videos", 0))
+
+    digests = [
+        media_digest([], [video(a, b), video(c, c)]),
+        media_digest([], [video(a, b, c), video(c)]),
+        media_digest([], [video(a, b), video(c, c, fps=24.0)]),
+        media_digest([], [video(a, c), video(c, c)]),
+        media_digest([a, b], [video(c, c)]),
+        media_digest([a, b, c, c]),
+    ]
+    assert len(set(digests)) == len(digests)
+    assert media_digest([], [video(a, b), video(c, c)]) == digests[0]
 
 
 def test_video_frames_decode_to_rgb() -> None:
