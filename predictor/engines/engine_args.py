@@ -142,7 +142,8 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
     vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``): the predictor encodes every
     prompt itself (clef_head) and sends vLLM token ids only; loading them took about 20 s of each start on a 2-core
     machine (BENCHMARKS.md, "Start time"). With ``--vision`` they are: vLLM's multimodal processor needs the
-    tokenizer to expand each image's placeholder (it runs no image processor: the predictor sends pixels).
+    tokenizer to expand each image's and video's placeholder (it runs no image or video processor: the predictor
+    sends pixels).
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
     from vllm import AsyncEngineArgs

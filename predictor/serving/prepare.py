@@ -5,8 +5,9 @@ Every function here is top level and takes the tokenizer and :class:`PrepareSett
 same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
 worker processes of :class:`predictor.serving.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
 against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
-either way. Nothing here imports torch, transformers or an engine, except on a server that reads images
-(``PrepareSettings.vision``): its first image loads the release's image processor (transformers) in that process.
+either way. Nothing here imports torch, transformers or an engine, except on a server that reads images and
+videos (``PrepareSettings.vision``): its first image (video) loads the release's image (video) processor
+(transformers) in that process.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PrepareSettings:
     """What validation and encoding depend on besides the tokenizer: the served name, the request limits,
-    the name and state-overflow policy, the engine's longest prompt, and whether images are read (``vision``:
-    where the release's image processor is and the image limits; ``None``: text only, images refused)."""
+    the name and state-overflow policy, the engine's longest prompt, and whether images and videos are read
+    (``vision``: where the release's processors are and the media limits; ``None``: text only, media refused)."""
 
     served_name: str
     limits: RequestLimits
@@ -56,7 +57,7 @@ class PrepareSettings:
 
 @dataclass(frozen=True)
 class VisionSettings:
-    """Images are read: the release whose image processor encodes them, and their limits."""
+    """Images and videos are read: the release whose processors encode them, and their limits."""
 
     release_dir: str
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
