@@ -122,7 +122,7 @@ def _pooler_config(given: Any) -> PoolerConfig:
 def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The multimodal settings of a vision engine; ``settings`` that contradict them are refused (a caller's
     ``None`` means vLLM's "not set", as its command line passes them). Takes those settings out of ``settings``."""
-    from clef_plugin.compat import processed_image_settings
+    from clef_plugin.compat import processed_image_settings, processed_videos_supported
 
     needed = processed_image_settings()
     for name, value in needed.items():
@@ -131,7 +131,8 @@ def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
             raise PluginSettingConflict(
                 name, given, f"it must be {value!r} with vision (the predictor sends the processor's normalized pixels)"
             )
-    limits = {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": DEFAULT_MEDIA_LIMITS.max_videos}
+    videos = DEFAULT_MEDIA_LIMITS.max_videos if processed_videos_supported() else 0
+    limits = {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": videos}
     return {"limit_mm_per_prompt": limits, **needed}
 
 

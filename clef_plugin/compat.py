@@ -41,6 +41,7 @@ __all__ = [
     "finished_mask",
     "install_config_hook",
     "processed_image_settings",
+    "processed_videos_supported",
     "prompt_hidden_states",
     "register_processed_images",
 ]
@@ -141,6 +142,13 @@ def processed_image_parser(base: type[Qwen2VLMultiModalDataParser]) -> type[Qwen
 
     _PROCESSED_PARSERS[base] = ProcessedImageParser
     return ProcessedImageParser
+
+
+def processed_videos_supported() -> bool:
+    """Whether this vLLM takes processed video items: its Qwen2-VL field factory declares the frame times
+    (``timestamps``, which its Qwen3-VL processing writes into each video's placeholder run). Without them
+    vLLM could not write the run the predictor placed, so videos are not sent to it."""
+    return "timestamps" in _create_qwen2vl_field_factory(2)({})
 
 
 class ProcessedImageInfo(Qwen3_5ProcessingInfo):

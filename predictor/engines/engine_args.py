@@ -36,6 +36,16 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_reads_videos(kind: str) -> bool:
+    """Whether the engine ``kind`` answers videos (with ``--vision``): the transformers engine does; the vLLM
+    engine where its vLLM takes processed video items (``clef_plugin.compat.processed_videos_supported``)."""
+    if kind != "vllm":
+        return True
+    from clef_plugin.compat import processed_videos_supported
+
+    return processed_videos_supported()
+
+
 def new_parser(vllm_flags: bool = True, **kwargs: Any) -> argparse.ArgumentParser:
     """vLLM's ``FlexibleArgumentParser`` when vLLM's flags are wanted and vLLM is installed (its dict flags need
     it), else argparse's."""

@@ -57,14 +57,23 @@ class PrepareSettings:
 
 @dataclass(frozen=True)
 class VisionSettings:
-    """Images and videos are read: the release whose processors encode them, and their limits."""
+    """Images and videos are read: the release whose processors encode them, and their limits; ``videos``:
+    whether the engine answers videos (without, ``videos`` are refused naming the field)."""
 
     release_dir: str
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
+    videos: bool = True
 
 
 TEXT_ONLY_MEDIA = (
     "images and videos are not supported by this server: it serves text and JSON only (started without --vision)"
+)
+
+
+ENGINE_WITHOUT_VIDEOS = (
+    "videos are not supported by this server's engine: its vLLM release cannot take the processed videos the "
+    "predictor sends (no frame times in its Qwen3-VL video items); images are read, and the transformers engine "
+    "reads videos"
 )
 
 
@@ -130,6 +139,8 @@ def read_media(
 ) -> tuple[SystemOneRequest, EncodedMedia | None]:
     """The request with its placeholders resolved, and its images and videos decoded and encoded (``None``: it
     has neither); :class:`InvalidRequest` names the field of a refused image, video or frame."""
+    if request.videos and not vision.videos:
+        raise InvalidRequest(("videos",), ENGINE_WITHOUT_VIDEOS, "videos_unsupported")
     resolved = resolve_media(request, parts, vision.limits)
     if not resolved.images and not resolved.videos:
         return resolved.request, None

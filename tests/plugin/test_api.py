@@ -78,6 +78,9 @@ def test_engine_kwargs_vision() -> None:
     vision = clef_plugin.engine_kwargs("/models/clef", vision=True)
     assert vision["language_model_only"] is False
     assert vision["limit_mm_per_prompt"] == {"image": 16, "video": 4}
+    from clef_plugin.compat import processed_videos_supported
+
+    assert processed_videos_supported()  # this vLLM's video items carry the frame times
     assert vision["enable_mm_embeds"] is True
     assert vision.get("mm_device_do_normalize", False) is False
 

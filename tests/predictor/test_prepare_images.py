@@ -72,6 +72,19 @@ def test_worker_tokenizer_prepares_videos_as_the_engine_tokenizer(tiny_release: 
     assert engine.media.digest == worker.media.digest
 
 
+def test_an_engine_without_videos_refuses_them_at_their_field(tiny_release: Path) -> None:
+    vision = VisionSettings(str(tiny_release), videos=False)
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, vision)
+    frames = [base64.b64encode(image_file(32, 32)).decode()] * 2
+    with pytest.raises(BadInput) as caught:
+        prepare.prepare(
+            ReleaseTokenizer(tiny_release), settings, {**REQUEST, "assets": None, "videos": [{"frames": frames}]}
+        )
+    assert caught.value.loc == ("videos",) and "transformers engine reads videos" in caught.value.message
+    image = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
+    assert prepare.prepare(ReleaseTokenizer(tiny_release), settings, image)[1].media is not None
+
+
 def test_text_only_settings_refuse_images_at_their_field(tiny_release: Path) -> None:
     settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048)
     body = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
