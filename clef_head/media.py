@@ -310,6 +310,18 @@ def frame_timestamps(indices: Sequence[int], fps: float, group: int) -> tuple[fl
     return tuple((seconds[start] + seconds[start + group - 1]) / 2 for start in range(0, len(seconds), group))
 
 
+@dataclass
+class _MediaTokens:
+    """The media's token ids and ``mm_token_type_ids`` as they are built, image by image, video by video."""
+
+    ids: list[int]
+    types: list[int]
+
+    def add(self, ids: Sequence[int], token_type: int = 0) -> None:
+        self.ids += ids
+        self.types += [token_type] * len(ids)
+
+
 def encode_media(
     tokenizer: Tokenizer,
     images: Sequence[Image],
@@ -326,19 +338,17 @@ def encode_media(
     start, end, image_pad, video_pad = (
         int(tokenizer.convert_tokens_to_ids(token)) for token in (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
     )
-    token_ids: list[int] = []
-    token_types: list[int] = []
+    tokens = _MediaTokens([], [])
     pixel_values = image_grid = None
     if images:
         if image_processor is None:
             raise ValueError("images need the image processor")
         processed = image_processor(images=list(images), return_tensors="pt")
         pixel_values, image_grid = processed["pixel_values"], processed["image_grid_thw"]
-        merged = image_processor.merge_size**2
         for row in image_grid.tolist():
-            pads = (row[0] * row[1] * row[2]) // merged
-            token_ids += [start, *([image_pad] * pads), end]
-            token_types += [0, *([IMAGE_TOKEN_TYPE] * pads), 0]
+            tokens.add([start])
+            tokens.add([image_pad] * ((row[0] * row[1] * row[2]) // image_processor.merge_size**2), IMAGE_TOKEN_TYPE)
+            tokens.add([end])
     video_pixels = video_grid = None
     timestamps: list[tuple[float, ...]] = []
     runs: list[tuple[int, int]] = []
@@ -352,31 +362,25 @@ def encode_media(
             return_tensors="pt",
         )
         video_pixels, video_grid = processed["pixel_values_videos"], processed["video_grid_thw"]
-        merged = video_processor.merge_size**2
         for row, metadata in zip(video_grid.tolist(), processed["video_metadata"], strict=True):
-            times = frame_timestamps(
-                [int(index) for index in metadata.frames_indices],
-                float(metadata.fps),
-                video_processor.temporal_patch_size,
-            )
+            indices = [int(index) for index in metadata.frames_indices]
+            times = frame_timestamps(indices, float(metadata.fps), video_processor.temporal_patch_size)
             if len(times) != row[0]:
                 raise AssertionError(f"{len(times)} frame pairs timed for a video of {row[0]}")
             timestamps.append(times)
-            pads = (row[1] * row[2]) // merged
-            token_ids.append(start)
-            token_types.append(0)
-            run_start = len(token_ids)
+            tokens.add([start])
+            run_start = len(tokens.ids)
             for seconds in times:
-                stamp = list(tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"])
-                token_ids += [*stamp, start, *([video_pad] * pads), end]
-                token_types += [0] * (len(stamp) + 1) + [VIDEO_TOKEN_TYPE] * pads + [0]
-            runs.append((run_start, len(token_ids)))
-            token_ids.append(end)
-            token_types.append(0)
-    separator = list(tokenizer(MEDIA_SEPARATOR, add_special_tokens=False)["input_ids"])
+                tokens.add(tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"])
+                tokens.add([start])
+                tokens.add([video_pad] * ((row[1] * row[2]) // video_processor.merge_size**2), VIDEO_TOKEN_TYPE)
+                tokens.add([end])
+            runs.append((run_start, len(tokens.ids)))
+            tokens.add([end])
+    tokens.add(tokenizer(MEDIA_SEPARATOR, add_special_tokens=False)["input_ids"])
     return EncodedMedia(
-        token_ids=token_ids + separator,
-        token_type_ids=token_types + [0] * len(separator),
+        token_ids=tokens.ids,
+        token_type_ids=tokens.types,
         pixel_values=pixel_values,
         image_grid_thw=image_grid,
         pixel_values_videos=video_pixels,
