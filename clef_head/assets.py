@@ -1,4 +1,4 @@
-"""A request's images, from where the caller put them to the order the model reads them.
+"""A request's images and videos, from where the caller put them to the order the model reads them.
 
 Two forms are accepted, and may be mixed:
 
@@ -15,9 +15,13 @@ occurrence of a placeholder is replaced by ``[image N]``, N being the image's pl
 A request so resolved is the original's record ``{"images": [...], "state": ..., "questions": ...}`` with the
 same texts: that is what parity is checked against. Object keys (state keys, choice labels) are not searched.
 
+Videos (the original's ``videos``, each ``{"frames": [...], "fps": ...}``) come after the images, in order;
+their frames are read as ``images`` reads an image, and their bytes count with the images'.
+
 Refused, naming the field: more than ``max_images`` images, an asset whose placeholder appears nowhere, an
-asset naming a part the body lacks, a part no asset claims or two assets claim, base64 that does not decode,
-and (checked before decoding) more bytes than allowed.
+asset naming a part the body lacks, a part no asset claims or two assets claim, more than ``max_videos``
+videos, a video of fewer than 2 or more than ``max_video_frames`` frames, more than ``max_total_frames``
+frames in all, base64 that does not decode, and (checked before decoding) more bytes than allowed.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_head.encoder import question_options
-from clef_head.media import MediaLimits, check_image_bytes
+from clef_head.media import MIN_VIDEO_FRAMES, ImageSource, MediaLimits, VideoSource, check_image_bytes
 from clef_head.request import (
     ChoiceQuestion,
     InvalidRequest,
@@ -47,20 +51,13 @@ DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
-class ImageSource:
-    """One image's file bytes and the field they came from (named by errors about them)."""
-
-    data: bytes
-    where: Location
-
-
-@dataclass(frozen=True)
 class ResolvedRequest:
-    """A request whose placeholders are replaced (``images`` and ``assets`` dropped), and its images in the
-    order the model reads them."""
+    """A request whose placeholders are replaced (``images``, ``assets`` and ``videos`` dropped), its images
+    in the order the model reads them, and its videos."""
 
     request: SystemOneRequest
     images: tuple[ImageSource, ...]
+    videos: tuple[VideoSource, ...] = ()
 
 
 def image_label(number: int) -> str:
@@ -97,6 +94,7 @@ def resolve_media(request: SystemOneRequest, parts: Mapping[str, bytes], limits:
             "too_many_images",
         )
     _check_parts(assets, parts)
+    _check_video_counts(request, limits)
     total = 0
     sources: list[ImageSource] = []
     for index, text in enumerate(images):
@@ -120,17 +118,58 @@ def resolve_media(request: SystemOneRequest, parts: Mapping[str, bytes], limits:
             data = decode_base64(asset.data_base64 or "", at, limits)
         sources.append(ImageSource(data, at))
         labels[placeholder] = image_label(len(sources))
-    for source in sources:
+    videos = tuple(
+        VideoSource(
+            tuple(
+                ImageSource(
+                    _image_field(text, ("videos", index, "frames", number), limits), ("videos", index, "frames", number)
+                )
+                for number, text in enumerate(video.frames)
+            ),
+            video.fps,
+            ("videos", index),
+        )
+        for index, video in enumerate(request.videos or [])
+    )
+    for source in [*sources, *(frame for video in videos for frame in video.frames)]:
         check_image_bytes(len(source.data), source.where, limits)
         total += len(source.data)
     if total > limits.max_total_bytes:
         raise InvalidRequest(
-            ("assets",) if assets else ("images",),
-            f"the images have {total} bytes in all, more than the {limits.max_total_bytes} allowed per request",
+            ("videos",) if videos else ("assets",) if assets else ("images",),
+            f"the images and video frames have {total} bytes in all, more than the {limits.max_total_bytes} "
+            "allowed per request",
             "image_too_large",
         )
     resolved = _replaced(request, labels) if labels else request
-    return ResolvedRequest(resolved.model_copy(update={"images": None, "assets": None}), tuple(sources))
+    return ResolvedRequest(
+        resolved.model_copy(update={"images": None, "assets": None, "videos": None}), tuple(sources), videos
+    )
+
+
+def _check_video_counts(request: SystemOneRequest, limits: MediaLimits) -> None:
+    videos = request.videos or []
+    if len(videos) > limits.max_videos:
+        raise InvalidRequest(
+            ("videos",),
+            f"{len(videos)} videos were sent; at most {limits.max_videos} are allowed per request",
+            "too_many_videos",
+        )
+    for index, video in enumerate(videos):
+        if not MIN_VIDEO_FRAMES <= len(video.frames) <= limits.max_video_frames:
+            raise InvalidRequest(
+                ("videos", index, "frames"),
+                f"the video has {len(video.frames)} frames; a video needs {MIN_VIDEO_FRAMES} to "
+                f"{limits.max_video_frames}",
+                "video_frames",
+            )
+    frames = sum(len(video.frames) for video in videos)
+    if frames > limits.max_total_frames:
+        raise InvalidRequest(
+            ("videos",),
+            f"the videos have {frames} frames in all; at most {limits.max_total_frames} are allowed per request",
+            "too_many_frames",
+        )
 
 
 def _check_parts(assets: Mapping[str, Any], parts: Mapping[str, bytes]) -> None:

@@ -243,8 +243,8 @@ def encode_request(
     media: EncodedMedia | None = None,
 ) -> EncodedRequest:
     """Encode a validated request. The state is cut to fit ``max_length`` (or refused with
-    :class:`StateTooLong` when ``overflow`` is ``"refuse"``); the schema and the images never are. ``media``
-    (:func:`clef_head.media.encode_images`) goes between ``STATE:\\n`` and the state, as the original release
+    :class:`StateTooLong` when ``overflow`` is ``"refuse"``); the schema and the media never are. ``media``
+    (:func:`clef_head.media.encode_media`) goes between ``STATE:\\n`` and the state, as the original release
     code places it."""
     with _tokenizer_lock:
         return _encode(tokenizer, request, max_length, overflow, media)

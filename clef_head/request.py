@@ -11,8 +11,9 @@ them the question would have no text at all). Nesting deeper than
 
 Images come as the hosted API's ``assets`` (placeholder → ``data_base64`` + ``format``, or the name of a
 multipart ``part``) or as the original release code's ``images`` (base64 or ``data:image/...;base64,`` URLs);
-:mod:`clef_head.assets` resolves them. ``videos`` and the hosted API's ``box`` questions are refused by name:
-this model's head has no box output, and this server reads no video.
+videos as the original's ``videos``, each ``{"frames": [...], "fps": ...}`` (:class:`Video`);
+:mod:`clef_head.assets` resolves them. The hosted API's ``box`` questions are refused by name: this model's
+head has no box output.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    JsonValue,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -180,15 +180,29 @@ class Asset(_Strict):
             )
 
 
+MAX_VIDEO_FPS = 1000.0
+"""The highest ``fps`` a video may state."""
+
+
+class Video(_Strict):
+    """One video of ``videos``: its frames in order, each a PNG or JPEG image as ``images`` takes them
+    (``data:image/...;base64,`` URL or bare base64), all of one size; ``fps``: the frames per second at which
+    they were taken (unstated: the release's video processor assumes 24). The processor keeps 2 frames a
+    second of the clip (at least 4, at most all of them) and the prompt states each kept pair's time."""
+
+    frames: list[str]
+    fps: float | None = Field(default=None, gt=0, le=MAX_VIDEO_FPS)
+
+
 class SystemOneRequest(_Strict):
-    """A ``POST /v1/systemone`` body. ``id`` is not read; ``videos`` are accepted only when empty."""
+    """A ``POST /v1/systemone`` body. ``id`` is not read."""
 
     model: str
     state: Any  # any JSON value, checked by the walk in parse_request
     questions: dict[str, Question]
     id: Any = None
     images: list[str] | None = None
-    videos: list[JsonValue] | None = None
+    videos: list[Video] | None = None
     assets: dict[str, Asset] | None = None
 
     @field_validator("questions")
@@ -206,13 +220,6 @@ class SystemOneRequest(_Strict):
             raise ValueError("a question with an empty id needs instructions")
         return value
 
-    @field_validator("videos")
-    @classmethod
-    def _no_videos(cls, value: Any) -> Any:
-        if value:
-            raise ValueError("videos are not supported by this server: send images (assets or images)")
-        return value
-
     @field_validator("assets")
     @classmethod
     def _placeholders(cls, value: dict[str, Asset] | None, info: ValidationInfo) -> dict[str, Asset] | None:
@@ -224,8 +231,8 @@ class SystemOneRequest(_Strict):
 
     @property
     def has_media(self) -> bool:
-        """Whether the request sends images (``images`` or ``assets``)."""
-        return bool(self.images or self.assets)
+        """Whether the request sends images (``images`` or ``assets``) or ``videos``."""
+        return bool(self.images or self.assets or self.videos)
 
 
 def _error_location(location: tuple[int | str, ...]) -> Location:
@@ -244,6 +251,8 @@ def _error_message(error: ErrorDetails) -> str:
         return UNSUPPORTED_QUESTION_TYPES.get(str(tag), "type must be one of noul, choice, score")
     if error["type"] == "union_tag_not_found":
         return "type must be one of noul, choice, score"
+    if error["type"] == "model_type":  # pydantic's message names the model class, which callers do not know
+        return "must be a JSON object"
     return message.removeprefix("Value error, ")
 
 

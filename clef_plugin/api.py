@@ -122,7 +122,7 @@ def _pooler_config(given: Any) -> PoolerConfig:
 def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The multimodal settings of a vision engine; ``settings`` that contradict them are refused (a caller's
     ``None`` means vLLM's "not set", as its command line passes them). Takes those settings out of ``settings``."""
-    from clef_plugin.compat import processed_image_settings
+    from clef_plugin.compat import processed_image_settings, processed_videos_supported
 
     needed = processed_image_settings()
     for name, value in needed.items():
@@ -131,7 +131,9 @@ def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
             raise PluginSettingConflict(
                 name, given, f"it must be {value!r} with vision (the predictor sends the processor's normalized pixels)"
             )
-    return {"limit_mm_per_prompt": {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": 0}, **needed}
+    videos = DEFAULT_MEDIA_LIMITS.max_videos if processed_videos_supported() else 0
+    limits = {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": videos}
+    return {"limit_mm_per_prompt": limits, **needed}
 
 
 def engine_kwargs(
@@ -224,31 +226,56 @@ def pooling_params(layout: RecordLayout, prompt_length: int | None = None) -> Po
     return PoolingParams(task=POOLING_TASK, extra_kwargs={LAYOUT_KEY: layout.to_wire()})
 
 
-def engine_prompt(encoded: EncodedRequest, image_pad_id: int) -> dict[str, Any]:
-    """vLLM's prompt for ``encoded``: its token ids, and with images each image's run of ``image_pad_id``
-    tokens cut to one, its pixels and grid in ``multi_modal_data``.
+def engine_prompt(encoded: EncodedRequest, image_pad_id: int, video_pad_id: int) -> dict[str, Any]:
+    """vLLM's prompt for ``encoded``: its token ids, and with media each image's run of ``image_pad_id`` tokens
+    cut to one and each video's run (its frame pairs' times, markers and pads) cut to one ``video_pad_id``, the
+    processors' tensors in ``multi_modal_data``.
 
-    vLLM expands each image's one pad token back to ``t·h·w / merge²`` tokens from the grid, the count the
-    predictor placed, so the prompt the engine runs is ``encoded.input_ids`` again and the layout's spans
-    hold as encoded. The pixels are the release processor's: vLLM runs no image processor on them. Each image
-    is named by the SHA-256 of the prompt's image files and its place among them (``multi_modal_uuids``), so
-    vLLM does not hash the pixels itself to key its encoder cache.
+    vLLM expands each image's one pad token back to ``t·h·w / merge²`` tokens from the grid, and each video's
+    to its frame pairs' ``<t seconds>`` texts, markers and pads from the grid and the times, what the predictor
+    placed, so the prompt the engine runs is ``encoded.input_ids`` again and the layout's spans hold as encoded.
+    The pixels are the release processors': vLLM runs no image or video processor on them. Each item is named
+    by the SHA-256 of the prompt's media files and its place among them (``multi_modal_uuids``), so vLLM does
+    not hash the pixels itself to key its encoder cache.
     """
     media = encoded.media
     if media is None:
         return {"prompt_token_ids": list(encoded.input_ids)}
     start = encoded.media_offset
     end = start + len(media.token_ids)
-    collapsed = [
-        token
-        for index, token in enumerate(media.token_ids)
-        if token != image_pad_id or index == 0 or media.token_ids[index - 1] != image_pad_id
-    ]
+    collapsed: list[int] = []
+    cursor = 0
+    for run_start, run_end in media.video_runs:
+        collapsed += [*_one_pad_per_image(media.token_ids[cursor:run_start], image_pad_id), video_pad_id]
+        cursor = run_end
+    collapsed += _one_pad_per_image(media.token_ids[cursor:], image_pad_id)
+    data: dict[str, Any] = {}
+    uuids: dict[str, list[str]] = {}
+    if media.image_count:
+        data["image"] = {"pixel_values": media.pixel_values, "image_grid_thw": media.image_grid_thw}
+        uuids["image"] = [f"{media.digest.hex()}:{index}" for index in range(media.image_count)]
+    if media.video_count:
+        data["video"] = {
+            "pixel_values_videos": media.pixel_values_videos,
+            "video_grid_thw": media.video_grid_thw,
+            # float64: vLLM writes each time with "{:.1f}", as the video processor does with Python floats
+            "timestamps": [torch.tensor(times, dtype=torch.float64) for times in media.video_timestamps],
+        }
+        uuids["video"] = [f"{media.digest.hex()}:video:{index}" for index in range(media.video_count)]
     return {
         "prompt_token_ids": [*encoded.input_ids[:start], *collapsed, *encoded.input_ids[end:]],
-        "multi_modal_data": {"image": {"pixel_values": media.pixel_values, "image_grid_thw": media.image_grid_thw}},
-        "multi_modal_uuids": {"image": [f"{media.digest.hex()}:{index}" for index in range(media.image_count)]},
+        "multi_modal_data": data,
+        "multi_modal_uuids": uuids,
     }
+
+
+def _one_pad_per_image(tokens: Sequence[int], image_pad_id: int) -> list[int]:
+    """``tokens`` with each run of ``image_pad_id`` cut to one."""
+    return [
+        token
+        for index, token in enumerate(tokens)
+        if token != image_pad_id or index == 0 or tokens[index - 1] != image_pad_id
+    ]
 
 
 def option_logits(output: Any) -> torch.Tensor:

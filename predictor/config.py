@@ -18,7 +18,7 @@ from pathlib import Path
 
 from predictor.demo import RANDOM_WARNING
 from predictor.engines.config import DEFAULT_MAX_MODEL_LEN, EngineConfig
-from predictor.engines.engine_args import given_vllm_flags
+from predictor.engines.engine_args import engine_reads_videos, given_vllm_flags
 from predictor.http.api_args import api_config, request_policy, resolve_encode_processes
 from predictor.http.api_config import ApiConfig
 from predictor.serving.options import ServingOptions
@@ -92,7 +92,7 @@ def config_from_args(args: argparse.Namespace, release_dir: Path, random: bool, 
         max_batch_items=args.max_batch_items,
         max_queue_wait_s=args.max_queue_wait_s,
         policy=request_policy(args),
-        vision=VisionSettings(str(release_dir)) if args.vision else None,
+        vision=VisionSettings(str(release_dir), videos=engine_reads_videos(args.engine)) if args.vision else None,
     )
     card = model_card(args, release_dir, random)
     return PredictorConfig(card, engine_config(args, release_dir), serving, api_config(args))

@@ -3,7 +3,8 @@
 The family: PNG decompression bombs (100,000 × 100,000 and 2,000,000 × 1 pixels in a few kilobytes), truncated
 PNG and JPEG files, a PNG behind a JPEG signature, a GIF, an empty file, a signature alone, an aspect ratio over
 the processor's, base64 that does not decode, thousands of tiny images (JSON and multipart), an asset naming a
-missing part and a part no asset claims. Each is sent alone and must be answered 4xx within ``--bound-s``
+missing part and a part no asset claims; and videos: a bomb frame, a truncated frame, frames of two sizes,
+too many frames, a video of one frame. Each is sent alone and must be answered 4xx within ``--bound-s``
 (0.5 s); then a valid image request must still be answered 200 (the server unharmed), with the same answer
 as before the family. Prints JSON; exit status 1 if a body missed its bound, got anything but a 4xx, or the
 valid request changed or failed.
@@ -54,9 +55,14 @@ def _multipart(model: str, assets: dict[str, Any], parts: dict[str, bytes]) -> C
     return {"content-type": f"multipart/form-data; boundary={boundary}"}, b"".join(chunks)
 
 
+def _video(model: str, *frames: bytes) -> Case:
+    return _json(model, videos=[{"frames": [base64.b64encode(frame).decode() for frame in frames]}])
+
+
 def family(model: str) -> dict[str, Case]:
     """The hostile bodies by name."""
     tiny = image_file(1, 1)
+    frame = image_file(64, 48)
     return {
         "bomb 100000x100000": _image(model, png_bomb()),
         "bomb 2000000x1": _image(model, png_bomb(width=2_000_000, height=1)),
@@ -78,6 +84,11 @@ def family(model: str) -> dict[str, Case]:
             model, assets={"<q>": {"format": "png", "data_base64": base64.b64encode(tiny).decode()}}
         ),
         "box question": _json(model, questions={"where": {"type": "box"}}),
+        "video with a bomb frame": _video(model, frame, png_bomb()),
+        "video with a truncated frame": _video(model, frame, truncated(image_file(64, 48, seed=3))),
+        "video frames of two sizes": _video(model, frame, image_file(48, 64)),
+        "video of 5000 frames": _video(model, *[tiny] * 5000),
+        "video of one frame": _video(model, frame),
     }
 
 

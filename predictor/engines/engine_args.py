@@ -36,6 +36,16 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_reads_videos(kind: str) -> bool:
+    """Whether the engine ``kind`` answers videos (with ``--vision``): the transformers engine does; the vLLM
+    engine where its vLLM takes processed video items (``clef_plugin.compat.processed_videos_supported``)."""
+    if kind != "vllm":
+        return True
+    from clef_plugin.compat import processed_videos_supported
+
+    return processed_videos_supported()
+
+
 def new_parser(vllm_flags: bool = True, **kwargs: Any) -> argparse.ArgumentParser:
     """vLLM's ``FlexibleArgumentParser`` when vLLM's flags are wanted and vLLM is installed (its dict flags need
     it), else argparse's."""
@@ -142,7 +152,8 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
     vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``): the predictor encodes every
     prompt itself (clef_head) and sends vLLM token ids only; loading them took about 20 s of each start on a 2-core
     machine (BENCHMARKS.md, "Start time"). With ``--vision`` they are: vLLM's multimodal processor needs the
-    tokenizer to expand each image's placeholder (it runs no image processor: the predictor sends pixels).
+    tokenizer to expand each image's and video's placeholder (it runs no image or video processor: the predictor
+    sends pixels).
     Raises ``clef_plugin.api.PluginSettingConflict`` for a contradiction.
     """
     from vllm import AsyncEngineArgs

@@ -1,7 +1,7 @@
 """Reference scorer on plain transformers: Qwen3.5 backbone + the joint schema head.
 
-Text only unless ``vision`` is asked for: then the vision tower is kept and a prompt with images runs through
-the whole multimodal model (vision tower, then the language model), alone in its forward pass, as the
+Text only unless ``vision`` is asked for: then the vision tower is kept and a prompt with images or videos runs
+through the whole multimodal model (vision tower, then the language model), alone in its forward pass, as the
 original release code runs it; without ``vision`` the tower is dropped at load.
 
 This is the path Clef's own code takes. It runs on the CPU (tiny releases) and on a GPU in BF16,
@@ -19,7 +19,19 @@ import torch
 from clef_head.answers import build_response
 from clef_head.checkpoint import load_head
 from clef_head.encoder import DEFAULT_MAX_LENGTH, EncodedRequest, encode_request
+from clef_head.media import EncodedMedia
 from clef_head.request import SystemOneRequest
+
+
+def _media_tensors(media: EncodedMedia) -> dict[str, torch.Tensor]:
+    """The processors' tensors of a prompt's media, by the multimodal model's argument names."""
+    tensors = {
+        "pixel_values": media.pixel_values,
+        "image_grid_thw": media.image_grid_thw,
+        "pixel_values_videos": media.pixel_values_videos,
+        "video_grid_thw": media.video_grid_thw,
+    }
+    return {name: tensor for name, tensor in tensors.items() if tensor is not None}
 
 
 class TransformersScorer:
@@ -97,8 +109,7 @@ class TransformersScorer:
         output = self.multimodal(
             input_ids=torch.tensor([item.input_ids], device=self.device),
             attention_mask=torch.ones((1, length), dtype=torch.long, device=self.device),
-            pixel_values=media.pixel_values.to(self.device),
-            image_grid_thw=media.image_grid_thw.to(self.device),
+            **{name: tensor.to(self.device) for name, tensor in _media_tensors(media).items()},
             mm_token_type_ids=token_types.to(self.device),
             use_cache=False,
             return_dict=True,

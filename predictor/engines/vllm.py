@@ -1,8 +1,8 @@
 """The vLLM engine: vLLM's AsyncLLM with the clef plugin; concurrent requests batch inside vLLM.
 
-Prompts go in as token ids encoded by clef_head (with ``--vision``, images as the release processor's pixels,
-prepared with the body: ``clef_plugin.engine_prompt``); each request carries its layout in its pooling
-parameters, and the plugin's pooler returns the option logits. ``--dp N`` uses vLLM's own data
+Prompts go in as token ids encoded by clef_head (with ``--vision``, images and videos as the release
+processors' pixels, prepared with the body: ``clef_plugin.engine_prompt``); each request carries its layout in
+its pooling parameters, and the plugin's pooler returns the option logits. ``--dp N`` uses vLLM's own data
 parallelism (N engine cores, one per GPU, balanced by vLLM).
 """
 
@@ -15,7 +15,7 @@ import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from clef_head.encoder import EncodedRequest
-from clef_head.media import IMAGE_PAD
+from clef_head.media import IMAGE_PAD, VIDEO_PAD
 from predictor.core import metrics
 from predictor.engines.base import Engine, EngineDead
 
@@ -37,13 +37,17 @@ class VllmEngine(Engine):
         self._plugin = clef_plugin
         self._max_length = int(engine_args.max_model_len)
         self._tokenizer = AutoTokenizer.from_pretrained(str(engine_args.model))
-        image_pad_id = self._tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-        if not isinstance(image_pad_id, int):
-            raise ValueError(f"the release's tokenizer has no single {IMAGE_PAD} token")
-        self._image_pad_id = image_pad_id
+        self._image_pad_id, self._video_pad_id = (self._token_id(token) for token in (IMAGE_PAD, VIDEO_PAD))
         self.llm = AsyncLLM.from_engine_args(engine_args)
         self._pending = 0
         self._in_flight = metrics.IN_FLIGHT.labels(engine="vllm")
+
+    def _token_id(self, token: str) -> int:
+        """The id of one of the release's media tokens; ``ValueError`` when it has no such single token."""
+        token_id = self._tokenizer.convert_tokens_to_ids(token)
+        if not isinstance(token_id, int):
+            raise ValueError(f"the release's tokenizer has no single {token} token")
+        return token_id
 
     @property
     def tokenizer(self) -> Any:
@@ -69,7 +73,9 @@ class VllmEngine(Engine):
         self._in_flight.inc()
         try:
             async for output in self.llm.encode(
-                self._plugin.engine_prompt(encoded, self._image_pad_id), params, request_id=uuid.uuid4().hex
+                self._plugin.engine_prompt(encoded, self._image_pad_id, self._video_pad_id),
+                params,
+                request_id=uuid.uuid4().hex,
             ):
                 final = output
         except EngineDeadError as exc:

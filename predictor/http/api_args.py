@@ -134,9 +134,10 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--vision",
         action="store_true",
-        help="read images (System One assets, JSON or multipart as the TypeSafe SDK sends them, and images): the "
-        "vision tower stays loaded and images are decoded in the encode workers. Off (the default): text and JSON "
-        "only, as lean as the model card's server, and images are refused with 422/400 naming the field",
+        help="read images (System One assets, JSON or multipart as the TypeSafe SDK sends them, and images) and "
+        "videos (their frames): the vision tower stays loaded and images and frames are decoded in the encode "
+        "workers. Off (the default): text and JSON only, as lean as the model card's server, and images and videos "
+        "are refused with 422/400 naming the field",
     )
     group.add_argument(
         "--encode-processes",

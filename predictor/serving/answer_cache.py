@@ -34,8 +34,9 @@ ENTRY_OVERHEAD_BYTES = 256
 
 
 def cache_key(encoded: EncodedRequest) -> CacheKey:
-    """The identity of a prompt: its token ids (as bytes), its layout and its images' digest (SHA-256 of their
-    files: two images of one size have the same token ids)."""
+    """The identity of a prompt: its token ids (as bytes), its layout and its media's digest
+    (:func:`clef_head.media.media_digest`: SHA-256 of the image and frame files, each video's frame count and
+    fps; two images or videos of one size have the same token ids)."""
     digest = encoded.media.digest if encoded.media is not None else b""
     return array("i", encoded.input_ids).tobytes(), encoded.layout, digest
 

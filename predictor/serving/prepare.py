@@ -5,8 +5,9 @@ Every function here is top level and takes the tokenizer and :class:`PrepareSett
 same code runs in the serving process (``--encode-processes 0``, with the engine's tokenizer) and in the
 worker processes of :class:`predictor.serving.encode_pool.EncodePool` (with :class:`ReleaseTokenizer`, checked
 against the engine's when the pool starts): errors, ``loc`` paths, truncation and prompts are the same
-either way. Nothing here imports torch, transformers or an engine, except on a server that reads images
-(``PrepareSettings.vision``): its first image loads the release's image processor (transformers) in that process.
+either way. Nothing here imports torch, transformers or an engine, except on a server that reads images and
+videos (``PrepareSettings.vision``): its first image (video) loads the release's image (video) processor
+(transformers) in that process.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from clef_head.media import (
     EncodedMedia,
     MediaLimits,
     decode_image,
-    encode_images,
-    files_digest,
+    decode_videos,
+    encode_media,
+    media_digest,
     release_image_processor,
+    release_video_processor,
 )
 from clef_head.request import InvalidRequest, RequestLimits, SystemOneRequest, parse_request
 from predictor.core.errors import BadInput, ModelNotServed, ServiceError, TooLarge, Unreadable, parse_param, quoted
@@ -42,8 +45,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PrepareSettings:
     """What validation and encoding depend on besides the tokenizer: the served name, the request limits,
-    the name and state-overflow policy, the engine's longest prompt, and whether images are read (``vision``:
-    where the release's image processor is and the image limits; ``None``: text only, images refused)."""
+    the name and state-overflow policy, the engine's longest prompt, and whether images and videos are read
+    (``vision``: where the release's processors are and the media limits; ``None``: text only, media refused)."""
 
     served_name: str
     limits: RequestLimits
@@ -54,19 +57,31 @@ class PrepareSettings:
 
 @dataclass(frozen=True)
 class VisionSettings:
-    """Images are read: the release whose image processor encodes them, and their limits."""
+    """Images and videos are read: the release whose processors encode them, and their limits; ``videos``:
+    whether the engine answers videos (without, ``videos`` are refused naming the field)."""
 
     release_dir: str
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
+    videos: bool = True
 
 
-TEXT_ONLY_MEDIA = "images are not supported by this server: it serves text and JSON only (started without --vision)"
+TEXT_ONLY_MEDIA = (
+    "images and videos are not supported by this server: it serves text and JSON only (started without --vision)"
+)
+
+
+ENGINE_WITHOUT_VIDEOS = (
+    "videos are not supported by this server's engine: its vLLM release cannot take the processed videos the "
+    "predictor sends (no frame times in its Qwen3-VL video items); images are read, and the transformers engine "
+    "reads videos"
+)
 
 
 def refuse_media(body: Any, where: tuple[int | str, ...]) -> None:
-    """On a text-only server, refuse a body that sends images (before any other check, as the model card says)."""
+    """On a text-only server, refuse a body that sends images or videos (before any other check, as the model
+    card says)."""
     if isinstance(body, dict):
-        for field in ("assets", "images"):
+        for field in ("assets", "images", "videos"):
             if body.get(field):
                 raise BadInput(TEXT_ONLY_MEDIA, (*where, field))
 
@@ -119,18 +134,26 @@ def encode(
         ) from None
 
 
-def read_images(
+def read_media(
     tokenizer: Any, vision: VisionSettings, request: SystemOneRequest, parts: Mapping[str, bytes]
 ) -> tuple[SystemOneRequest, EncodedMedia | None]:
-    """The request with its placeholders resolved, and its images decoded and encoded (``None``: it has none);
-    :class:`InvalidRequest` names the field of a refused image."""
+    """The request with its placeholders resolved, and its images and videos decoded and encoded (``None``: it
+    has neither); :class:`InvalidRequest` names the field of a refused image, video or frame."""
+    if request.videos and not vision.videos:
+        raise InvalidRequest(("videos",), ENGINE_WITHOUT_VIDEOS, "videos_unsupported")
     resolved = resolve_media(request, parts, vision.limits)
-    if not resolved.images:
+    if not resolved.images and not resolved.videos:
         return resolved.request, None
     images = [decode_image(source.data, source.where, vision.limits) for source in resolved.images]
-    processor = release_image_processor(vision.release_dir)
-    digest = files_digest([source.data for source in resolved.images])
-    return resolved.request, encode_images(tokenizer, processor, images, digest)
+    videos = decode_videos(resolved.videos, vision.limits)
+    return resolved.request, encode_media(
+        tokenizer,
+        images,
+        videos,
+        media_digest(resolved.images, resolved.videos),
+        image_processor=release_image_processor(vision.release_dir) if images else None,
+        video_processor=release_video_processor(vision.release_dir) if videos else None,
+    )
 
 
 def prepare(
@@ -141,7 +164,7 @@ def prepare(
     media = None
     if settings.vision is not None and (request.has_media or parts):
         try:
-            request, media = read_images(tokenizer, settings.vision, request, parts or {})
+            request, media = read_media(tokenizer, settings.vision, request, parts or {})
         except InvalidRequest as exc:
             raise BadInput(exc.message, (*parse_param(prefix), *exc.loc), exc.kind) from None
     return request, encode(tokenizer, settings, request, prefix, media)

@@ -1,5 +1,6 @@
-"""The request contract for images: ``assets`` (JSON and multipart parts), ``images``, placeholders, limits,
-hostile files refused before decoding, and ``box`` questions refused by name."""
+"""The request contract for images and videos: ``assets`` (JSON and multipart parts), ``images``,
+placeholders, ``videos`` and their frames, limits, hostile files refused before decoding, and ``box`` questions
+refused by name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from clef_head.assets import resolve_media
-from clef_head.media import MediaLimits, decode_image
+from clef_head.media import ImageSource, MediaLimits, VideoSource, decode_image, decode_videos, media_digest
 from clef_head.request import InvalidRequest, parse_request
 from reliability.image_files import gif_file, image_file, png_bomb, truncated, wrong_signature
 
@@ -125,9 +126,96 @@ def test_box_questions_are_refused_by_name() -> None:
     assert "box questions are not supported by this model" in caught.value.message
 
 
-def test_videos_are_refused_by_name() -> None:
-    with pytest.raises(InvalidRequest, match="videos are not supported"):
-        parse_request(_body(videos=["aGk="]))
+def _video(*frames: bytes, fps: float | None = None) -> dict[str, Any]:
+    video: dict[str, Any] = {"frames": [base64.b64encode(frame).decode() for frame in frames]}
+    return video if fps is None else {**video, "fps": fps}
+
+
+def test_videos_follow_the_images_with_their_frames_in_order() -> None:
+    frames = [image_file(16, 16, seed=i) for i in range(3)]
+    body = _body(
+        images=[B64],
+        videos=[_video(*frames, fps=12.5), {"frames": [f"data:image/png;base64,{base64.b64encode(PNG).decode()}"] * 2}],
+    )
+    resolved = resolve_media(parse_request(body), {}, LIMITS)
+    assert [source.data for source in resolved.images] == [PNG]
+    first, second = resolved.videos
+    assert [frame.data for frame in first.frames] == frames and first.fps == 12.5 and first.where == ("videos", 0)
+    assert [frame.where for frame in second.frames] == [("videos", 1, "frames", 0), ("videos", 1, "frames", 1)]
+    assert second.fps is None and resolved.request.videos is None
+
+
+def test_video_refusals() -> None:
+    _refused(_body(videos=[_video(PNG, PNG)] * 3), "videos", "at most 2", limits=MediaLimits(max_videos=2))
+    _refused(_body(videos=[_video(PNG, PNG), {"frames": []}]), "videos.1.frames", "needs 2 to 64")
+    _refused(_body(videos=[_video(PNG)]), "videos.0.frames", "has 1 frames")
+    _refused(
+        _body(videos=[_video(*[PNG] * 5)]), "videos.0.frames", "needs 2 to 4", limits=MediaLimits(max_video_frames=4)
+    )
+    _refused(
+        _body(videos=[_video(*[PNG] * 3)] * 2), "videos", "6 frames in all", limits=MediaLimits(max_total_frames=5)
+    )
+    _refused(_body(videos=[{"frames": [B64, "not base64!"]}]), "videos.0.frames.1", "not valid base64")
+    _refused(_body(videos=[{"frames": [B64, "data:video/mp4;base64,AAAA"]}]), "videos.0.frames.1", "data URL")
+    tiny = image_file(1, 1)
+    small = MediaLimits(max_image_bytes=len(tiny) + 10)
+    _refused(_body(videos=[_video(tiny, PNG)]), "videos.0.frames.1", f"more than the {len(tiny) + 10}", limits=small)
+    budget = MediaLimits(max_total_bytes=3 * len(PNG))
+    _refused(_body(images=[B64, B64], videos=[_video(PNG, PNG)]), "videos", "images and video frames", limits=budget)
+
+
+def _decoded(*videos: list[bytes], limits: MediaLimits = LIMITS) -> list[Any]:
+    sources = [
+        VideoSource(
+            tuple(ImageSource(data, ("videos", i, "frames", j)) for j, data in enumerate(frames)), None, ("videos", i)
+        )
+        for i, frames in enumerate(videos)
+    ]
+    return decode_videos(sources, limits)
+
+
+def _frame_refused(*videos: list[bytes], param: str, rule: str, limits: MediaLimits = LIMITS) -> None:
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest) as caught:
+        _decoded(*videos, limits=limits)
+    assert (caught.value.param, rule in caught.value.message) == (param, True), caught.value
+    assert time.perf_counter() - started < 0.5
+
+
+def test_video_frames_are_refused_before_decoding() -> None:
+    _frame_refused([PNG, png_bomb()], param="videos.0.frames.1", rule="100000×100000 pixels")
+    _frame_refused(
+        [PNG, PNG], [PNG, truncated(image_file(40, 30, seed=5))], param="videos.1.frames.1", rule="does not decode"
+    )
+    _frame_refused([PNG, gif_file()], param="videos.0.frames.1", rule="not a PNG or JPEG")
+    _frame_refused([PNG, PNG, image_file(30, 40)], param="videos.0.frames.2", rule="the frame is 30×40 pixels")
+    limits = MediaLimits(max_video_pixels=3 * 40 * 30)
+    _frame_refused([PNG, PNG], [PNG, PNG], param="videos.1", rule="more than 3600 pixels", limits=limits)
+
+
+def test_media_digest_tells_apart_what_the_token_ids_do_not() -> None:
+    """The answer cache's key: other frames, a frame moved to the next video, another fps, a video's frames
+    sent as images give other digests; the same media the same."""
+    a, b, c = (ImageSource(image_file(8, 8, seed=seed), ("x",)) for seed in range(3))
+
+    def video(*frames: ImageSource, fps: float | None = None) -> VideoSource:
+        return VideoSource(frames, fps, ("videos", 0))
+
+    digests = [
+        media_digest([], [video(a, b), video(c, c)]),
+        media_digest([], [video(a, b, c), video(c)]),
+        media_digest([], [video(a, b), video(c, c, fps=24.0)]),
+        media_digest([], [video(a, c), video(c, c)]),
+        media_digest([a, b], [video(c, c)]),
+        media_digest([a, b, c, c]),
+    ]
+    assert len(set(digests)) == len(digests)
+    assert media_digest([], [video(a, b), video(c, c)]) == digests[0]
+
+
+def test_video_frames_decode_to_rgb() -> None:
+    (clip,) = _decoded([image_file(20, 10, "RGBA"), image_file(20, 10, "L", "JPEG"), image_file(20, 10, "P")])
+    assert [(frame.mode, frame.size) for frame in clip.frames] == [("RGB", (20, 10))] * 3
 
 
 HOSTILE = [

@@ -117,7 +117,10 @@ INVALID = [
         "deeper than 128",
     ),
     ("image not a string", _with("images", [{"url": "https://example.com/a.png"}]), "images.0", "valid string"),
-    ("videos", _with("videos", ["aGk="]), "videos", "not supported"),
+    ("video not an object", _with("videos", ["https://example.com/a.mp4"]), "videos.0", "must be a JSON object"),
+    ("video frame not a string", _with("videos", [{"frames": ["aGk=", 3]}]), "videos.0.frames.1", "valid string"),
+    ("video fps zero", _with("videos", [{"frames": [], "fps": 0}]), "videos.0.fps", "greater than 0"),
+    ("video fps too high", _with("videos", [{"frames": [], "fps": 1001}]), "videos.0.fps", "less than or equal"),
     ("asset without data", _with("assets", {"x": {"type": "image"}}), "assets.x", "data_base64 is missing"),
 ]
 

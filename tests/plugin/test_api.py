@@ -70,39 +70,52 @@ def test_engine_kwargs() -> None:
 
 
 def test_engine_kwargs_vision() -> None:
-    """Text only: no vision tower, no multimodal settings. Vision: the tower, 16 images a prompt, no video, and
-    processed pixels read as they are."""
+    """Text only: no vision tower, no multimodal settings. Vision: the tower, 16 images and 4 videos a prompt,
+    and processed pixels read as they are."""
     text_only = clef_plugin.engine_kwargs("/models/clef")
     assert text_only["language_model_only"] is True
     assert not {"enable_mm_embeds", "limit_mm_per_prompt", "mm_device_do_normalize"} & text_only.keys()
     vision = clef_plugin.engine_kwargs("/models/clef", vision=True)
     assert vision["language_model_only"] is False
-    assert vision["limit_mm_per_prompt"] == {"image": 16, "video": 0}
+    assert vision["limit_mm_per_prompt"] == {"image": 16, "video": 4}
+    from clef_plugin.compat import processed_videos_supported
+
+    assert processed_videos_supported()  # this vLLM's video items carry the frame times
     assert vision["enable_mm_embeds"] is True
     assert vision.get("mm_device_do_normalize", False) is False
 
 
-def test_engine_prompt_cuts_each_image_to_one_pad() -> None:
-    """vLLM gets one pad per image (it expands them again from the grids) and the pixels as they are."""
+def test_engine_prompt_cuts_each_image_and_video_to_one_pad() -> None:
+    """vLLM gets one pad per image and per video (it expands them again from the grids and the videos' times)
+    and the pixels as they are."""
     from clef_head.encoder import EncodedRequest
     from clef_head.media import EncodedMedia
 
-    start, pad, end, newline = 5, 7, 6, 9
+    start, pad, end, newline, video_pad, stamp = 5, 7, 6, 9, 8, 11
+    video = [start, stamp, stamp, start, video_pad, video_pad, end, stamp, start, video_pad, video_pad, end, end]
     media = EncodedMedia(
-        token_ids=[start, pad, pad, pad, pad, end, start, pad, end, newline],
-        token_type_ids=[0, 1, 1, 1, 1, 0, 0, 1, 0, 0],
+        token_ids=[start, pad, pad, pad, pad, end, start, pad, end, *video, newline],
+        token_type_ids=[0, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 2, 2, 0, 0, 0],
         pixel_values=torch.zeros(20, 4),
         image_grid_thw=torch.tensor([[1, 4, 4], [1, 2, 2]]),
+        pixel_values_videos=torch.zeros(16, 4),
+        video_grid_thw=torch.tensor([[2, 2, 4]]),
+        video_timestamps=((0.25, 1.5),),
+        video_runs=((10, 21),),
         digest=b"\x0a\x0b",
     )
     encoded = EncodedRequest(input_ids=[1, 2, *media.token_ids, 3, 4], layout=LAYOUT, media=media, media_offset=2)
-    prompt = clef_plugin.engine_prompt(encoded, pad)
-    assert prompt["prompt_token_ids"] == [1, 2, start, pad, end, start, pad, end, newline, 3, 4]
+    prompt = clef_plugin.engine_prompt(encoded, pad, video_pad)
+    assert prompt["prompt_token_ids"] == [1, 2, start, pad, end, start, pad, end, start, video_pad, end, newline, 3, 4]
     image = prompt["multi_modal_data"]["image"]
     assert image["pixel_values"] is media.pixel_values and image["image_grid_thw"] is media.image_grid_thw
-    assert prompt["multi_modal_uuids"] == {"image": ["0a0b:0", "0a0b:1"]}
+    sent = prompt["multi_modal_data"]["video"]
+    assert sent["pixel_values_videos"] is media.pixel_values_videos and sent["video_grid_thw"] is media.video_grid_thw
+    assert [times.tolist() for times in sent["timestamps"]] == [[0.25, 1.5]]
+    assert sent["timestamps"][0].dtype == torch.float64
+    assert prompt["multi_modal_uuids"] == {"image": ["0a0b:0", "0a0b:1"], "video": ["0a0b:video:0"]}
     text = EncodedRequest(input_ids=[1, 2, 3], layout=LAYOUT)
-    assert clef_plugin.engine_prompt(text, pad) == {"prompt_token_ids": [1, 2, 3]}
+    assert clef_plugin.engine_prompt(text, pad, video_pad) == {"prompt_token_ids": [1, 2, 3]}
 
 
 def test_processed_images_parse_as_passthrough_pixels() -> None:
@@ -122,6 +135,17 @@ def test_processed_images_parse_as_passthrough_pixels() -> None:
         parser.parse_mm_data(
             {"image": {"image_embeds": torch.zeros(5, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])}}
         )
+    timestamps = [torch.tensor([0.25, 1.5], dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64)]
+    video = {
+        "pixel_values_videos": torch.zeros(20, 4),
+        "video_grid_thw": torch.tensor([[2, 2, 4], [1, 2, 2]]),
+        "timestamps": timestamps,
+    }
+    videos = parser.parse_mm_data({"video": video})["video"]
+    assert isinstance(videos, DictEmbeddingItems) and len(videos) == 2
+    assert set(videos.get_passthrough_data()) == {"pixel_values_videos", "video_grid_thw", "timestamps"}
+    with pytest.raises(ValueError, match="should contain the fields"):
+        parser.parse_mm_data({"video": {key: value for key, value in video.items() if key != "timestamps"}})
 
 
 def test_prefill_capture_sizes() -> None:

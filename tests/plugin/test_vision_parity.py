@@ -1,6 +1,7 @@
 """vLLM (CPU) with ``engine_kwargs(vision=True)`` against the transformers engine's scorer: prompts with one to
-four images of several sizes, and a text-only prompt, answered within the parity tolerance, each run by vLLM on
-exactly the token ids the predictor encoded (so the layout's spans hold)."""
+four images of several sizes, videos (with and without fps, alone and after an image), and a text-only prompt,
+answered within the parity tolerance, each run by vLLM on exactly the token ids the predictor encoded (so the
+layout's spans hold: the videos' frame times are the predictor's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ from PIL import Image
 
 import clef_plugin
 from clef_head.encoder import EncodedRequest, encode_request
-from clef_head.media import IMAGE_PAD, encode_images, files_digest, release_image_processor
+from clef_head.media import (
+    IMAGE_PAD,
+    VIDEO_PAD,
+    ImageSource,
+    VideoSource,
+    decode_videos,
+    encode_media,
+    media_digest,
+    release_image_processor,
+    release_video_processor,
+)
 from clef_head.request import parse_request
 from reliability.image_files import image_file
 from tests.plugin.conftest import MAX_MODEL_LEN, TOLERANCE, stop_engine
@@ -34,19 +45,49 @@ IMAGE_SETS: list[list[bytes]] = [
     [image_file(448, 448, seed=1), image_file(300, 200, file_format="JPEG", seed=2)],
     [image_file(256, 320, seed=3 + index) for index in range(4)],
     [],
+    [],
+    [image_file(300, 200, file_format="JPEG", seed=2)],
+    [],
 ]
+VIDEO_SETS: list[list[tuple[list[bytes], float | None]]] = [
+    [],
+    [],
+    [],
+    [],
+    [([image_file(96, 64, seed=10 + index) for index in range(30)], None)],
+    [
+        ([image_file(128, 96, seed=20 + index) for index in range(9)], 3.0),
+        ([image_file(64, 64, file_format="JPEG", seed=40 + index) for index in range(3)], None),
+    ],
+    [([image_file(96, 64, seed=50 + index) for index in range(30)], None)],
+]
+"""Each prompt's videos (frame files, stated fps), by place in IMAGE_SETS. The last has the token ids of the
+fifth and other frames: vLLM must answer the two differently (the frames reach the vision tower)."""
 
 
 def _encoded(model_dir: Path) -> list[EncodedRequest]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    processor = release_image_processor(str(model_dir))
     request = parse_request({"model": "clef", "state": {"note": "a parcel on a doorstep"}, "questions": QUESTIONS})
     encoded = []
-    for files in IMAGE_SETS:
+    for files, videos in zip(IMAGE_SETS, VIDEO_SETS, strict=True):
         images = [Image.open(io.BytesIO(data)) for data in files]
-        media = encode_images(tokenizer, processor, images, files_digest(files)) if files else None
+        sources = [
+            VideoSource(tuple(ImageSource(data, ("videos", i)) for data in frames), fps, ("videos", i))
+            for i, (frames, fps) in enumerate(videos)
+        ]
+        digest = media_digest([ImageSource(data, ("images", index)) for index, data in enumerate(files)], sources)
+        media = None
+        if files or videos:
+            media = encode_media(
+                tokenizer,
+                images,
+                decode_videos(sources),
+                digest,
+                image_processor=release_image_processor(str(model_dir)),
+                video_processor=release_video_processor(str(model_dir)),
+            )
         encoded.append(encode_request(tokenizer, request, max_length=MAX_MODEL_LEN, media=media))
     return encoded
 
@@ -75,14 +116,17 @@ def llm(vllm_cpu_env: None, tiny_release: Path) -> Iterator[Any]:
     stop_engine(engine)
 
 
-def test_images_are_answered_as_the_transformers_engine_answers(
+def test_images_and_videos_are_answered_as_the_transformers_engine_answers(
     llm: Any, reference: tuple[list[EncodedRequest], list[torch.Tensor]], tiny_release: Path
 ) -> None:
     encoded, expected = reference
     assert [item.media.image_count if item.media else 0 for item in encoded] == [len(files) for files in IMAGE_SETS]
-    pad = int(llm.get_tokenizer().convert_tokens_to_ids(IMAGE_PAD))
-    prompts = [clef_plugin.engine_prompt(item, pad) for item in encoded]
+    assert [item.media.video_count if item.media else 0 for item in encoded] == [len(videos) for videos in VIDEO_SETS]
+    tokenizer = llm.get_tokenizer()
+    pad, video_pad = (int(tokenizer.convert_tokens_to_ids(token)) for token in (IMAGE_PAD, VIDEO_PAD))
+    prompts = [clef_plugin.engine_prompt(item, pad, video_pad) for item in encoded]
     assert [prompt["prompt_token_ids"].count(pad) for prompt in prompts] == [len(files) for files in IMAGE_SETS]
+    assert [prompt["prompt_token_ids"].count(video_pad) for prompt in prompts] == [len(v) for v in VIDEO_SETS]
     outputs = llm.encode(
         prompts,
         pooling_params=[clef_plugin.pooling_params(item.layout, len(item.input_ids)) for item in encoded],
@@ -91,4 +135,5 @@ def test_images_are_answered_as_the_transformers_engine_answers(
     )
     assert [list(output.prompt_token_ids) for output in outputs] == [item.input_ids for item in encoded]
     logits = [clef_plugin.option_logits(output) for output in outputs]
-    assert_parity("vllm cpu, bf16, images", encoded, expected, logits, TOLERANCE)
+    assert_parity("vllm cpu, bf16, images and videos", encoded, expected, logits, TOLERANCE)
+    assert encoded[4].input_ids == encoded[-1].input_ids and not torch.equal(logits[4], logits[-1])

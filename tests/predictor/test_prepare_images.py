@@ -1,5 +1,6 @@
-"""Images prepared where bodies are prepared: the encode workers' tokenizer (no transformers tokenizer) gives the
-same prompt and tensors as the engine's; multipart bodies as the TypeSafe SDK writes them, and malformed ones."""
+"""Images and videos prepared where bodies are prepared: the encode workers' tokenizer (no transformers
+tokenizer) gives the same prompt and tensors as the engine's; multipart bodies as the TypeSafe SDK writes them,
+and malformed ones."""
 
 from __future__ import annotations
 
@@ -55,12 +56,46 @@ def test_worker_tokenizer_prepares_images_as_the_engine_tokenizer(tiny_release: 
     assert engine.media.digest == worker.media.digest and engine.media_offset == worker.media_offset
 
 
+def test_worker_tokenizer_prepares_videos_as_the_engine_tokenizer(tiny_release: Path) -> None:
+    """The frame pairs' times (``<0.3 seconds>``) are tokenized by the worker's tokenizer as by the engine's."""
+    from transformers import AutoTokenizer
+
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 4096, VisionSettings(str(tiny_release)))
+    frames = [base64.b64encode(image_file(64, 48, seed=index)).decode() for index in range(40)]
+    body = {**REQUEST, "state": "x", "assets": None, "videos": [{"frames": frames, "fps": 7.0}, {"frames": frames[:3]}]}
+    engine = prepare.prepare(AutoTokenizer.from_pretrained(tiny_release), settings, body)[1]
+    worker = prepare.prepare(ReleaseTokenizer(tiny_release), settings, body)[1]
+    assert engine.input_ids == worker.input_ids and engine.layout == worker.layout
+    assert engine.media is not None and worker.media is not None
+    assert engine.media.video_timestamps == worker.media.video_timestamps and len(engine.media.video_timestamps[0]) > 4
+    assert torch.equal(engine.media.pixel_values_videos, worker.media.pixel_values_videos)
+    assert engine.media.digest == worker.media.digest
+
+
+def test_an_engine_without_videos_refuses_them_at_their_field(tiny_release: Path) -> None:
+    vision = VisionSettings(str(tiny_release), videos=False)
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, vision)
+    frames = [base64.b64encode(image_file(32, 32)).decode()] * 2
+    with pytest.raises(BadInput) as caught:
+        prepare.prepare(
+            ReleaseTokenizer(tiny_release), settings, {**REQUEST, "assets": None, "videos": [{"frames": frames}]}
+        )
+    assert caught.value.loc == ("videos",) and "transformers engine reads videos" in caught.value.message
+    image = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
+    assert prepare.prepare(ReleaseTokenizer(tiny_release), settings, image)[1].media is not None
+
+
 def test_text_only_settings_refuse_images_at_their_field(tiny_release: Path) -> None:
     settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048)
     body = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
     with pytest.raises(BadInput) as caught:
         prepare.prepare(ReleaseTokenizer(tiny_release), settings, body)
     assert caught.value.loc == ("assets",) and "started without --vision" in caught.value.message
+    with pytest.raises(BadInput) as caught:
+        prepare.prepare(
+            ReleaseTokenizer(tiny_release), settings, {**REQUEST, "assets": None, "videos": [{"frames": []}]}
+        )
+    assert caught.value.loc == ("videos",) and "started without --vision" in caught.value.message
     raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
     with pytest.raises(Unreadable) as unreadable:
         prepare.prepare_json(ReleaseTokenizer(tiny_release), settings, raw, content_type)

@@ -1,6 +1,7 @@
 """A predictor started with ``--vision`` (transformers engine, tiny release with a random vision tower): the
 TypeSafe SDK's ``Image`` in the state is answered byte for byte as the original release code answers the same
-record on the same release, JSON ``assets`` and ``images`` too, and hostile images are refused with 4xx."""
+record on the same release, JSON ``assets``, ``images`` and ``videos`` too, and hostile images and videos are
+refused with 4xx."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, sto
 
 PHOTO = image_file(448, 448, seed=1)
 SCAN = image_file(300, 200, file_format="JPEG", seed=2)
+CLIP = [image_file(96, 64, seed=10 + index) for index in range(7)]
+DASHCAM = [image_file(64, 64, file_format="JPEG", seed=30 + index) for index in range(3)]
+Videos = list[tuple[list[bytes], float | None]]
+"""Each video's frame files and its stated fps."""
 QUESTIONS: dict[str, Any] = {
     "damaged": {"type": "noul", "instructions": "Is the parcel damaged?"},
     "kind": {"type": "choice", "criteria": {"box": "a cardboard box", "envelope": None, "tube": None}},
@@ -55,12 +60,26 @@ def original(tiny_release: Path, reference: ModuleType) -> Any:
     return reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
 
 
-def _original_answer(original: Any, reference: ModuleType, state: Any, files: list[bytes]) -> dict[str, Any]:
+def _original_answer(
+    original: Any, reference: ModuleType, state: Any, files: list[bytes], videos: Videos | None = None
+) -> dict[str, Any]:
     model, processor = original
     images = [Image.open(io.BytesIO(data)) for data in files]
-    return reference.systemone(
-        model, processor, {"model": MODEL_NAME, "state": state, "questions": QUESTIONS, "images": images}
-    )
+    request: dict[str, Any] = {"model": MODEL_NAME, "state": state, "questions": QUESTIONS, "images": images}
+    if videos:
+        # The original's processor takes a video as its RGB frames, and a clip's fps as its metadata.
+        request["videos"] = [[Image.open(io.BytesIO(data)).convert("RGB") for data in frames] for frames, _ in videos]
+        metadata = [{"total_num_frames": len(frames), "fps": fps} for frames, fps in videos]
+        request["media_kwargs"] = {"video_metadata": metadata}
+    return reference.systemone(model, processor, request)
+
+
+def video_field(videos: Videos) -> list[dict[str, Any]]:
+    """The request's ``videos``: each frame as bare base64, ``fps`` where stated."""
+    return [
+        {"frames": [base64.b64encode(data).decode() for data in frames], **({} if fps is None else {"fps": fps})}
+        for frames, fps in videos
+    ]
 
 
 def _without_request_id(answer: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +128,31 @@ def test_json_assets_and_images_are_answered_byte_for_byte(
     assert _without_request_id(response.json()) == theirs
 
 
+def test_videos_and_images_are_answered_byte_for_byte(server: Predictor, original: Any, reference: ModuleType) -> None:
+    videos: Videos = [(CLIP, 6.0), (DASHCAM, None)]
+    body = {
+        "model": MODEL_NAME,
+        "state": "Parcel <p> arrived; the van's cameras recorded the delivery.",
+        "questions": QUESTIONS,
+        "videos": video_field(videos),
+        "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
+    }
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    state = "Parcel [image 1] arrived; the van's cameras recorded the delivery."
+    assert _without_request_id(response.json()) == _original_answer(original, reference, state, [PHOTO], videos)
+
+
+def test_videos_are_not_confused_by_the_cache(server: Predictor) -> None:
+    """Same token ids, other frames or another fps: each is answered for its own video."""
+    variants: list[Videos] = [[(CLIP[:4], None)], [(CLIP[3:7], None)], [(CLIP[:4], None)], [(CLIP[:4], 1000.0)]]
+    answers = []
+    for videos in variants:
+        body = {"model": MODEL_NAME, "state": "x", "questions": QUESTIONS, "videos": video_field(videos)}
+        answers.append(httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300).json()["answers"])
+    assert answers[0] == answers[2] and answers[0] != answers[1] and answers[0] != answers[3]
+
+
 def test_two_images_of_one_size_are_not_confused_by_the_cache(server: Predictor) -> None:
     answers = []
     for seed in (5, 6, 5):
@@ -128,6 +172,11 @@ HOSTILE = [
     ("too many", {"images": [base64.b64encode(image_file(8, 8)).decode()] * 17}, 422, "images"),
     ("unreferenced asset", {"assets": {"<q>": {"format": "png", "data_base64": "aGk="}}}, 422, "assets.<q>"),
     ("box", {"questions": {"where": {"type": "box"}}}, 422, "questions.where.type"),
+    ("video bomb frame", {"videos": video_field([([CLIP[0], png_bomb()], None)])}, 422, "videos[0].frames[1]"),
+    ("video of 65 frames", {"videos": video_field([([CLIP[0]] * 65, None)])}, 422, "videos[0].frames"),
+    ("five videos", {"videos": video_field([(CLIP[:2], None)] * 5)}, 422, "videos"),
+    ("empty video", {"videos": [{"frames": []}]}, 422, "videos[0].frames"),
+    ("frames of two sizes", {"videos": video_field([([CLIP[0], DASHCAM[0]], None)])}, 422, "videos[0].frames[1]"),
 ]
 
 

@@ -1,7 +1,7 @@
 """A predictor on the vLLM engine started with ``--vision`` (CPU, tiny release with a random vision tower): JSON
-``assets`` and ``images`` are answered as the original release code answers the same record, within the tolerance
-used for vLLM against the reference (same choices, probabilities within 0.02), and the text-only path still
-answers."""
+``assets``, ``images`` and ``videos`` are answered as the original release code answers the same record, within
+the tolerance used for vLLM against the reference (same choices, probabilities within 0.02), and the text-only
+path still answers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,16 @@ import torch
 
 from tests.plugin.conftest import TOLERANCE
 from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
-from tests.predictor.test_server_vision import PHOTO, QUESTIONS, SCAN, _original_answer
+from tests.predictor.test_server_vision import (
+    CLIP,
+    DASHCAM,
+    PHOTO,
+    QUESTIONS,
+    SCAN,
+    Videos,
+    _original_answer,
+    video_field,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -73,6 +82,23 @@ def test_json_assets_and_images_are_answered_as_the_original(
     assert response.status_code == 200, response.text
     theirs = _original_answer(original, reference, "Parcel [image 2] arrived; label attached.", [SCAN, PHOTO])
     _assert_close(response.json(), theirs)
+
+
+def test_videos_and_images_are_answered_as_the_original(
+    server: Predictor, original: Any, reference: ModuleType
+) -> None:
+    videos: Videos = [(CLIP, 6.0), (DASHCAM, None)]
+    body = {
+        "model": MODEL_NAME,
+        "state": "Parcel arrived; the van's cameras recorded the delivery.",
+        "questions": QUESTIONS,
+        "images": [base64.b64encode(SCAN).decode()],
+        "videos": video_field(videos),
+    }
+    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    state = "Parcel arrived; the van's cameras recorded the delivery."
+    _assert_close(response.json(), _original_answer(original, reference, state, [SCAN], videos))
 
 
 def test_text_only_requests_still_answer(server: Predictor, original: Any, reference: ModuleType) -> None:

@@ -161,7 +161,7 @@ def test_vllm_owns_its_engine_arguments() -> None:
     """vLLM's own flags reach the engine's arguments; the plugin's settings are laid over them."""
     import clef_plugin
     from predictor.cli import build_parser
-    from predictor.engines.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, vllm_engine_args
+    from predictor.engines.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, engine_reads_videos, vllm_engine_args
 
     parser = build_parser()
     args = parser.parse_args(
@@ -188,6 +188,8 @@ def test_vllm_owns_its_engine_arguments() -> None:
     assert vision.language_model_only is False and vision.enable_mm_embeds is True
     assert not vision.mm_device_do_normalize  # the predictor's pixels are normalized already
     assert vision.skip_tokenizer_init is False  # vLLM's multimodal processor expands image pads with it
+    assert vision.limit_mm_per_prompt == {"image": 16, "video": 4}
+    assert engine_reads_videos("vllm") and engine_reads_videos("transformers")  # this vLLM takes processed videos
 
 
 def test_an_engine_configuration_built_without_the_command_line_is_the_same() -> None:
