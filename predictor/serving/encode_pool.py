@@ -10,11 +10,17 @@ Retry-After (``encoder_died``); the pool is rebuilt and later requests are answe
 past :data:`JOB_DEADLINE_S` (a hang, not a slow body: an 8 MiB body, the default limit, takes about 0.5 s)
 ends itself, so a hung worker is handled as a dead one; the deadline counts from the job's start in the
 worker, not from its wait in the pool's queue.
+
+On a server that reads images and videos, the probe carries a small image and a two-frame video too: the first
+image a process reads loads the release's processors (importing transformers and torch: seconds on a CPU, tens
+of seconds on a loaded GPU host), so each worker, and the serving process with ``--encode-processes 0``, pays
+that before the model is ready rather than on a client's first image.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import multiprocessing
 import os
@@ -22,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from io import BytesIO
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +58,33 @@ PROBE_BODY: dict[str, Any] = {
 }
 
 
+PROBE_IMAGE_SIDE = 32
+"""The probe image's width and height (the processor scales it up to its smallest size)."""
+
+
+def probe_body(settings: PrepareSettings) -> dict[str, Any]:
+    """:data:`PROBE_BODY`, with an image and, when the engine reads videos, a two-frame video on a server that
+    reads media (``settings.vision``)."""
+    if settings.vision is None:
+        return PROBE_BODY
+    from PIL import Image
+
+    frames = []
+    for shade in (0, 255):
+        png = BytesIO()
+        Image.new("RGB", (PROBE_IMAGE_SIDE, PROBE_IMAGE_SIDE), (shade, 128, 255 - shade)).save(png, format="PNG")
+        frames.append(f"data:image/png;base64,{base64.b64encode(png.getvalue()).decode()}")
+    body: dict[str, Any] = {**PROBE_BODY, "images": frames[:1]}
+    if settings.vision.videos:
+        body["videos"] = [{"frames": frames}]
+    return body
+
+
+def probe_settings(settings: PrepareSettings) -> PrepareSettings:
+    """The settings a probe is prepared with: any name, no request limits but the media ones."""
+    return PrepareSettings("probe", settings.limits, RequestPolicy(), PROBE_MAX_LENGTH, settings.vision)
+
+
 def auto_encode_processes(gpu_count: int, cpu_count: int) -> int:
     """``--encode-processes auto``: none on a CPU engine (its forward passes already need every core and
     the interpreter lock is not what bounds it); with GPUs, one worker per 4 cores, at most 4, leaving
@@ -74,7 +108,9 @@ class InProcessPreparer:
         self.tokenizer = tokenizer
 
     async def start(self, settings: PrepareSettings) -> None:
-        """Nothing to start."""
+        """On a server that reads media, load the release's processors (a probe body with an image and a video)."""
+        if settings.vision is not None:
+            await self.run(prepare.prepare, probe_settings(settings), probe_body(settings))
 
     async def run(self, job: Callable[..., T], *args: Any) -> T:
         """``job(tokenizer, *args)`` in a worker thread."""
@@ -124,13 +160,13 @@ class EncodePool:
     async def _check_workers(self, pool: ProcessPoolExecutor) -> None:
         """Submit one probe per worker at once (the pool spawns a process per waiting task) and compare prompts."""
         assert self._settings is not None
-        probe_settings = PrepareSettings("probe", self._settings.limits, RequestPolicy(), PROBE_MAX_LENGTH)
+        settings, body = probe_settings(self._settings), probe_body(self._settings)
         loop = asyncio.get_running_loop()
         probes = [
-            loop.run_in_executor(pool, prepare.run_in_worker, prepare.worker_probe, probe_settings, PROBE_BODY)
+            loop.run_in_executor(pool, prepare.run_in_worker, prepare.worker_probe, settings, body)
             for _ in range(self.processes)
         ]
-        expected = prepare.prepare(self.engine_tokenizer, probe_settings, PROBE_BODY)[1].input_ids
+        expected = (await asyncio.to_thread(prepare.prepare, self.engine_tokenizer, settings, body))[1].input_ids
         for _pid, input_ids in await asyncio.gather(*probes):
             if input_ids != expected:
                 raise RuntimeError(

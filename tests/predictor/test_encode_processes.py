@@ -162,6 +162,33 @@ def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_rele
         pool.close()
 
 
+def test_workers_of_a_vision_server_load_the_processors_before_ready(tiny_release: Path) -> None:
+    """With ``--vision`` every worker has read the probe's image and video when the pool has started, so no
+    client's first image pays for loading the release's processors."""
+    from transformers import AutoTokenizer
+
+    from clef_head.request import DEFAULT_LIMITS
+    from predictor.serving.encode_pool import EncodePool
+    from predictor.serving.prepare import PrepareSettings, VisionSettings
+    from predictor.serving.request_policy import RequestPolicy
+    from tests.predictor.slow_jobs import loaded_processors
+
+    pool = EncodePool(tiny_release, PROCESSES, AutoTokenizer.from_pretrained(str(tiny_release)))
+    vision = VisionSettings(str(tiny_release))
+
+    async def scenario() -> set[tuple[int, bool, bool]]:
+        await pool.start(PrepareSettings(MODEL_NAME, DEFAULT_LIMITS, RequestPolicy(), MAX_MODEL_LEN, vision))
+        jobs = [pool.run(loaded_processors, str(tiny_release), 0.5) for _ in range(2 * PROCESSES)]
+        return set(await asyncio.gather(*jobs))
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        pool.close()
+    assert len({pid for pid, _, _ in seen}) == PROCESSES
+    assert all(image and video for _, image, video in seen), seen
+
+
 def bodies_to_compare() -> dict[str, bytes]:
     """Varied valid bodies (answers) and bad ones (errors), by name."""
     valid = {f"sample {index}": json.dumps(body).encode() for index, body in enumerate(make_requests(14, 10))}
