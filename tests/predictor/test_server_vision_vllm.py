@@ -84,6 +84,28 @@ def test_json_assets_and_images_are_answered_as_the_original(
     _assert_close(response.json(), theirs)
 
 
+def test_sdk_image_is_answered_as_the_original(server: Predictor, original: Any, reference: ModuleType) -> None:
+    """The TypeSafe SDK's ``Image`` in the state (a multipart body), as the transformers engine's test sends it."""
+    import typesafe_sdk
+
+    with typesafe_sdk.TypeSafeClient(
+        base_url=f"{server.url}/jev", api_key="unused", model=MODEL_NAME, timeout=300
+    ) as client:
+        response = client.system_one(
+            {"photo": typesafe_sdk.Image(PHOTO), "label": ["scanned label", typesafe_sdk.Image(SCAN)]},
+            {
+                "damaged": typesafe_sdk.Noul(instructions="Is the parcel damaged?"),
+                "kind": typesafe_sdk.Choice(criteria={"box": "a cardboard box", "envelope": None, "tube": None}),
+                "size": typesafe_sdk.Score(criteria=["small", "medium", "large"]),
+            },
+        )
+    # Keys render sorted: "label" (the scan) is image 1, "photo" image 2.
+    theirs = _original_answer(
+        original, reference, {"photo": "[image 2]", "label": ["scanned label", "[image 1]"]}, [SCAN, PHOTO]
+    )
+    _assert_close(response.model_dump(mode="json"), theirs)
+
+
 def test_videos_and_images_are_answered_as_the_original(
     server: Predictor, original: Any, reference: ModuleType
 ) -> None:
