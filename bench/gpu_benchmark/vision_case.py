@@ -142,13 +142,13 @@ def attach_text_ratios(cases: dict[str, Any], work: Path | None = None) -> None:
 
 def time_preprocessing(tokenizer: Any, processor: Any, files: list[bytes]) -> list[float]:
     """Milliseconds per request to decode ``files`` and run the release's processor on them (one run untimed)."""
-    from clef_head.media import decode_image, encode_images, files_digest
+    from clef_head.media import decode_image, encode_media, files_digest
 
     times = []
     for run in range(PREPROCESS_RUNS + 1):
         started = time.perf_counter()
         images = [decode_image(data, ("images", index)) for index, data in enumerate(files)]
-        encode_images(tokenizer, processor, images, files_digest(files))
+        encode_media(tokenizer, images, [], files_digest(files), image_processor=processor)
         if run:
             times.append(1000 * (time.perf_counter() - started))
     return times
@@ -157,19 +157,20 @@ def time_preprocessing(tokenizer: Any, processor: Any, files: list[bytes]) -> li
 def time_image_set(
     encode: Callable[[list[dict[str, Any]], list[Any], list[int]], None],
     encoded: list[EncodedRequest],
-    pad: int,
+    pads: tuple[int, int],
     repeats: int,
     single_requests: int,
 ) -> tuple[list[float], list[float]]:
     """Seconds of ``repeats`` passes over ``encoded`` (after a warm-up on its first records) and milliseconds of
-    ``single_requests`` lone requests; each request's images named anew (:func:`renamed`)."""
+    ``single_requests`` lone requests; each request's images named anew (:func:`renamed`). ``pads``: the image
+    and video pad token ids."""
     import clef_plugin
 
     params = [clef_plugin.pooling_params(item.layout, len(item.input_ids)) for item in encoded]
     lengths = [len(item.input_ids) for item in encoded]
 
     def prompts(tag: str, items: list[EncodedRequest]) -> list[dict[str, Any]]:
-        return [clef_plugin.engine_prompt(renamed(item, f"{tag}:{n}"), pad) for n, item in enumerate(items)]
+        return [clef_plugin.engine_prompt(renamed(item, f"{tag}:{n}"), *pads) for n, item in enumerate(items)]
 
     warm = min(WARMUP_RECORDS, len(encoded))
     encode(prompts("warm-up", encoded[:warm]), params[:warm], lengths[:warm])
@@ -192,7 +193,7 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
 
     import clef_plugin
     from clef_head.encoder import encode_request
-    from clef_head.media import IMAGE_PAD, decode_image, encode_images, files_digest, release_image_processor
+    from clef_head.media import IMAGE_PAD, VIDEO_PAD, decode_image, encode_media, files_digest, release_image_processor
     from clef_head.request import parse_request
 
     key = args.result_key or "vision"
@@ -209,7 +210,7 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
         files = image_files(image_set, args.seed * len(IMAGE_SETS) + index)
         preprocess = time_preprocessing(tokenizer, processor, files)
         images = [decode_image(data, ("images", number)) for number, data in enumerate(files)]
-        media = encode_images(tokenizer, processor, images, files_digest(files))
+        media = encode_media(tokenizer, images, [], files_digest(files), image_processor=processor)
         encoded = [encode_request(tokenizer, request, max_length=max_model_len, media=media) for request in requests]
         sets.append((image_set, encoded, preprocess))
 
@@ -227,7 +228,7 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
     result["start_s"] = round(time.perf_counter() - started, 2)
     scheduler = llm.llm_engine.vllm_config.scheduler_config
     result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
-    pad = int(tokenizer.convert_tokens_to_ids(IMAGE_PAD))
+    pads = (int(tokenizer.convert_tokens_to_ids(IMAGE_PAD)), int(tokenizer.convert_tokens_to_ids(VIDEO_PAD)))
 
     def encode(prompts: list[dict[str, Any]], params: list[Any], lengths: list[int]) -> None:
         outputs = llm.encode(prompts, pooling_params=params, pooling_task=clef_plugin.POOLING_TASK, use_tqdm=False)
@@ -250,7 +251,7 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
 
     result["images"] = {}
     for image_set, encoded, preprocess in sets:
-        seconds, latencies = time_image_set(encode, encoded, pad, args.repeats, args.vision_latency_requests)
+        seconds, latencies = time_image_set(encode, encoded, pads, args.repeats, args.vision_latency_requests)
         result["images"][image_set.name] = image_set_result(image_set, encoded, seconds, latencies, preprocess)
         write_json(work / "results" / f"{key}.json", {**result, "case": key, "partial": True})
     result["memory"] = gpu_memory(args.device)

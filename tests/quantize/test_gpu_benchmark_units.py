@@ -243,6 +243,10 @@ def _encoded_with_images(pads: int, state_tokens: int, truncated: bool = False) 
         token_type_ids=[0, *([1] * pads), 0, 0],
         pixel_values=torch.zeros(4 * pads, 1536),
         image_grid_thw=torch.tensor([[1, 2, 2 * pads]]),
+        pixel_values_videos=None,
+        video_grid_thw=None,
+        video_timestamps=(),
+        video_runs=(),
         digest=b"files",
     )
     ids = [5, 6, *media.token_ids, *([7] * state_tokens)]
@@ -258,7 +262,9 @@ def test_vision_case_names_every_requests_images_anew() -> None:
     first, second = renamed(encoded, "pass 0:1"), renamed(encoded, "pass 1:1")
     assert first.input_ids == encoded.input_ids and first.media is not None and encoded.media is not None
     assert first.media.pixel_values is encoded.media.pixel_values
-    prompts = [clef_plugin.engine_prompt(item, 9) for item in (encoded, first, second, renamed(encoded, "pass 0:1"))]
+    prompts = [
+        clef_plugin.engine_prompt(item, 9, 10) for item in (encoded, first, second, renamed(encoded, "pass 0:1"))
+    ]
     names = [prompt["multi_modal_uuids"]["image"][0] for prompt in prompts]
     assert len(set(names[:3])) == 3 and names[3] == names[1]
     assert len({tuple(prompt["prompt_token_ids"]) for prompt in prompts}) == 1
