@@ -132,8 +132,28 @@ def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
                 name, given, f"it must be {value!r} with vision (the predictor sends the processor's normalized pixels)"
             )
     videos = DEFAULT_MEDIA_LIMITS.max_videos if processed_videos_supported() else 0
-    limits = {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": videos}
-    return {"limit_mm_per_prompt": limits, **needed}
+    counts = {"image": DEFAULT_MEDIA_LIMITS.max_images, "video": videos}
+    return {"limit_mm_per_prompt": _media_limits(counts, settings.pop("limit_mm_per_prompt", None)), **needed}
+
+
+def _media_limits(counts: dict[str, int], given: Any) -> dict[str, Any]:
+    """vLLM's ``limit_mm_per_prompt``: the predictor's media counts, with the dummy sizes vLLM profiles and warms
+    up with where ``given`` sets them (``{"image": {"count": 16, "width": 1024, "height": 1024}}``: a faster
+    start and less memory kept for the encoder, when no larger image will come). Counts other than the
+    predictor's are refused: the predictor admits up to its own limits, and vLLM would refuse the rest."""
+    limits: dict[str, Any] = dict(counts)
+    for modality, value in (given or {}).items():
+        options = dict(value) if isinstance(value, dict) else {"count": value}
+        if modality not in counts or options.get("count", counts[modality]) != counts[modality]:
+            raise PluginSettingConflict(
+                "limit_mm_per_prompt",
+                given,
+                f"its counts must be {counts} (the predictor's media limits); only the profiling sizes "
+                "(width, height, num_frames) may be set",
+            )
+        if isinstance(value, dict):
+            limits[modality] = {**options, "count": counts[modality]}
+    return limits
 
 
 def engine_kwargs(

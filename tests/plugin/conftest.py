@@ -20,6 +20,13 @@ from clef_tools.sample_requests import make_request
 PARITY_RECORDS = 100
 MAX_MODEL_LEN = 4096
 TOLERANCE = 0.02  # max |Δ probability| allowed between vLLM and the transformers reference
+LARGEST_TEST_MEDIA: dict[str, dict[str, int]] = {
+    "image": {"width": 448, "height": 448},
+    "video": {"num_frames": 32, "width": 128, "height": 96},
+}
+"""The largest image and video the vision tests send: vLLM engines of those tests profile and warm up with media
+of this size (``limit_mm_per_prompt``'s dummy sizes) instead of a 4096 × 4096 image, which took about a minute
+of each CPU start; answers do not depend on it."""
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,23 @@ def test_engine_kwargs_vision() -> None:
     assert vision.get("mm_device_do_normalize", False) is False
 
 
+def test_vision_profiling_sizes_may_be_set_but_not_the_counts() -> None:
+    """``limit_mm_per_prompt`` may set the dummy sizes vLLM profiles and warms up with; its counts stay the
+    predictor's media limits (vLLM would refuse a prompt the predictor admitted)."""
+    sizes = {"image": {"width": 448, "height": 448}, "video": {"count": 4, "num_frames": 4, "width": 64, "height": 64}}
+    vision = clef_plugin.engine_kwargs("/models/clef", vision=True, limit_mm_per_prompt=sizes)
+    assert vision["limit_mm_per_prompt"] == {
+        "image": {"count": 16, "width": 448, "height": 448},
+        "video": {"count": 4, "num_frames": 4, "width": 64, "height": 64},
+    }
+    assert clef_plugin.engine_kwargs("/models/clef", vision=True, limit_mm_per_prompt={"image": 16})[
+        "limit_mm_per_prompt"
+    ] == {"image": 16, "video": 4}
+    for refused in ({"image": 4}, {"video": {"count": 8}}, {"audio": 1}):
+        with pytest.raises(clef_plugin.api.PluginSettingConflict, match="--limit-mm-per-prompt"):
+            clef_plugin.engine_kwargs("/models/clef", vision=True, limit_mm_per_prompt=refused)
+
+
 def test_engine_prompt_cuts_each_image_and_video_to_one_pad() -> None:
     """vLLM gets one pad per image and per video (it expands them again from the grids and the videos' times)
     and the pixels as they are."""

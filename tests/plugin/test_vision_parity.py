@@ -30,7 +30,7 @@ from clef_head.media import (
 )
 from clef_head.request import parse_request
 from reliability.image_files import image_file
-from tests.plugin.conftest import MAX_MODEL_LEN, TOLERANCE, stop_engine
+from tests.plugin.conftest import LARGEST_TEST_MEDIA, MAX_MODEL_LEN, TOLERANCE, stop_engine
 from tests.plugin.parity import assert_parity
 
 pytestmark = pytest.mark.vllm
@@ -110,7 +110,13 @@ def llm(vllm_cpu_env: None, tiny_release: Path) -> Iterator[Any]:
     from vllm import LLM
 
     engine = LLM(
-        **clef_plugin.engine_kwargs(tiny_release, max_model_len=MAX_MODEL_LEN, enforce_eager=True, vision=True)
+        **clef_plugin.engine_kwargs(
+            tiny_release,
+            max_model_len=MAX_MODEL_LEN,
+            enforce_eager=True,
+            vision=True,
+            limit_mm_per_prompt=LARGEST_TEST_MEDIA,
+        )
     )
     yield engine
     stop_engine(engine)

@@ -6,6 +6,7 @@ path still answers."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from tests.plugin.conftest import TOLERANCE
+from tests.plugin.conftest import LARGEST_TEST_MEDIA, TOLERANCE
 from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
 from tests.predictor.test_server_vision import (
     CLIP,
@@ -44,6 +45,8 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         "4096",
         "--kv-cache-memory-bytes",
         "1G",
+        "--limit-mm-per-prompt",
+        json.dumps(LARGEST_TEST_MEDIA),
     )
     yield running
     assert stop(running) == 0, running.log()[-3000:]
