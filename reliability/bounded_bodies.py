@@ -31,10 +31,10 @@ import httpx
 
 from reliability.common import MODEL_NAME, loopback_url, percentile, valid_request
 
-try:  # Python 3.14+ ships zstd in the standard library.
-    from compression.zstd import compress as zstd_compress  # type: ignore[import-not-found]
-    from compression.zstd import decompress as zstd_decompress  # type: ignore[import-not-found]
-except ImportError:
+if sys.version_info >= (3, 14):  # Python 3.14+ ships zstd in the standard library.
+    from compression.zstd import compress as zstd_compress
+    from compression.zstd import decompress as zstd_decompress
+else:
     from backports.zstd import compress as zstd_compress
     from backports.zstd import decompress as zstd_decompress
 

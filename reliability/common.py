@@ -16,7 +16,7 @@ def loopback_url(url: str) -> str:
     """``url`` unchanged if its host is a loopback address; these scripts never attack another machine."""
     host = urlsplit(url).hostname or ""
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except socket.gaierror as exc:
         raise SystemExit(f"cannot resolve {host!r}: {exc}") from None
     if not addresses or not all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):

@@ -53,7 +53,10 @@ async def measure(url: str, pid: int | None, model: str, repeats: int) -> dict[s
     result: dict[str, Any] = {f"{name}_body_bytes": len(body) for name, (body, _) in bodies.items()}
     async with httpx.AsyncClient(base_url=url, timeout=300) as http:
         for name, (body, encoding) in bodies.items():
-            latencies, peaks, statuses, health = [], [], [], []
+            latencies: list[float] = []
+            peaks: list[int] = []
+            statuses: list[int] = []
+            health: list[float] = []
             for _ in range(repeats):
                 baseline = rss_bytes(pid) if pid else 0
                 peak = baseline

@@ -200,7 +200,7 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
     release = releases["fp8"]
     mode = "graphs" if args.device.startswith("cuda") else "eager"
     max_model_len = max(args.max_model_len, args.vision_max_model_len)
-    tokenizer = AutoTokenizer.from_pretrained(release)
+    tokenizer: Any = AutoTokenizer.from_pretrained(release)  # its ids are read as clef_head.media reads them
     processor = release_image_processor(release)
     ids, layouts = load_encoded(work)
     bodies = json.loads((work / "records.json").read_text())[: args.vision_records]
