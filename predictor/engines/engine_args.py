@@ -36,10 +36,13 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_reads_videos(kind: str) -> bool:
-    """Whether the engine ``kind`` answers videos (with ``--vision``): the transformers engine does; the vLLM
-    engine where its vLLM takes processed video items (``clef_plugin.compat.processed_videos_supported``)."""
-    if kind != "vllm":
+def engine_reads_videos(requested: str) -> bool:
+    """Whether the engine ``--engine requested`` ends on answers videos (with ``--vision``; ``auto`` resolved as
+    :func:`predictor.engines.vllm_can_serve` resolves it): the transformers engine does; the vLLM engine where
+    its vLLM takes processed video items (``clef_plugin.compat.processed_videos_supported``)."""
+    from predictor.engines import vllm_can_serve
+
+    if not vllm_can_serve(requested):
         return True
     from clef_plugin.compat import processed_videos_supported
 

@@ -192,6 +192,19 @@ def test_vllm_owns_its_engine_arguments() -> None:
     assert engine_reads_videos("vllm") and engine_reads_videos("transformers")  # this vLLM takes processed videos
 
 
+def test_videos_follow_the_engine_auto_ends_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--engine auto`` reads videos as the engine it ends on: on a vLLM that takes no processed videos, none."""
+    import clef_plugin.compat
+    import predictor.engines
+    from predictor.engines.engine_args import engine_reads_videos
+
+    monkeypatch.setattr(clef_plugin.compat, "processed_videos_supported", lambda: False)
+    monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested in ("auto", "vllm"))
+    assert not engine_reads_videos("auto") and not engine_reads_videos("vllm")
+    monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested == "vllm")
+    assert engine_reads_videos("auto") and engine_reads_videos("transformers")
+
+
 def test_an_engine_configuration_built_without_the_command_line_is_the_same() -> None:
     """Tools and tests build EngineConfig directly: vLLM's arguments come out as the command line's would, but for
     the few flags whose parser default is not vLLM's dataclass default (the command line passes those on)."""
