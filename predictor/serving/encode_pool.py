@@ -81,7 +81,8 @@ def probe_body(settings: PrepareSettings) -> dict[str, Any]:
 
 
 def probe_settings(settings: PrepareSettings) -> PrepareSettings:
-    """The settings a probe is prepared with: any name, no request limits but the media ones."""
+    """The settings a probe is prepared with: the server's request and media limits, the default name policy
+    (any model name), no bound on the prompt's length."""
     return PrepareSettings("probe", settings.limits, RequestPolicy(), PROBE_MAX_LENGTH, settings.vision)
 
 
