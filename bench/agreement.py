@@ -56,4 +56,5 @@ def question_agreement(
         "max_probability_diff": max_diff,
         "median_reference_top2_margin": float(torch.stack(margins).median()) if margins else float("nan"),
         "median_abs_logit_diff": float(torch.cat(differences).median()),
+        "max_abs_logit_diff": float(torch.cat(differences).max()),
     }

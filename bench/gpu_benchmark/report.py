@@ -118,7 +118,7 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
         rows.append(
             f"agreement {pair}: top-1 {value['top1_agreement']:.4f}, mean KL {value['mean_kl']:.2e} "
             f"({value['questions']} questions; median top-2 margin {value['median_reference_top2_margin']:.3f}, "
-            f"median |Δlogit| {value['median_abs_logit_diff']:.3f})"
+            f"median |Δlogit| {value['median_abs_logit_diff']:.3f}, max {value['max_abs_logit_diff']:.3f})"
         )
     head = summary.get("cases", {}).get("head") or {}
     if "batch_16_ms_per_record" in head:
