@@ -10,9 +10,10 @@
 #
 # What is packed, at the versions vLLM 0.26 pins: flashinfer-python 0.6.14 without its C++ sources and
 # headers (the SM90 GDN prefill is CuTe DSL, not JIT-built C++), nvidia-cutlass-dsl 4.6.0 with its libs-core,
-# libs-base and libs-cu13 parts, apache-tvm-ffi 0.1.10, quack-kernels 0.4.0 (once the CuTe DSL imports,
-# vLLM's start-up kernel warm-up compiles a CuTe-DSL GEMM that imports quack) and fla-core 0.6.0 (FLA's
-# Triton kernels, for bench/gdn_prefill.py). The CuTe DSL's MLIR library and its runtime library are parts
+# libs-base and libs-cu13 parts, apache-tvm-ffi 0.1.10, quack-kernels 0.5.3 (once the CuTe DSL imports,
+# vLLM's start-up kernel warm-up compiles a CuTe-DSL GEMM that imports quack; vLLM asks for quack >= 0.4.0, but
+# 0.4.x does not import with CuTe DSL 4.6.0 and 0.6 needs 4.7, while the 0.5 series is built against 4.6.0) and
+# fla-core 0.6.0 (FLA's Triton kernels, for bench/gdn_prefill.py). The CuTe DSL's MLIR library and its runtime library are parts
 # of their own. The parts can arrive in separate runs on a machine that keeps /tmp between them; a part
 # too large for one transfer can be cut with `split -b` and joined with `cat` before `install`.
 set -euo pipefail
@@ -20,7 +21,7 @@ FLASHINFER=0.6.14
 CUTLASS_DSL=4.6.0
 TVM_FFI=0.1.10
 FLA=0.6.0
-QUACK=0.4.0
+QUACK=0.5.3
 IR_LIBRARY=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 RUNTIME_LIBRARY=nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
 
