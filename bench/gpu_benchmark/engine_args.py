@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from bench.gpu_benchmark.names import MODES
@@ -85,3 +86,20 @@ def stock_engine_kwargs(plugin_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 STOCK_TASK = "embed"
+
+
+def start_engine(kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``vllm.LLM(**kwargs)``, timed: the engine and its figures (start seconds, the scheduler's token and sequence
+    limits and whether it schedules asynchronously, as vLLM resolved them)."""
+    import vllm
+
+    started = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    start_s = round(time.perf_counter() - started, 2)
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    return llm, {
+        "start_s": start_s,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "async_scheduling": scheduler.async_scheduling,
+    }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.gpu_benchmark.engine_args import plugin_engine_kwargs
+from bench.gpu_benchmark.engine_args import plugin_engine_kwargs, start_engine
 from bench.gpu_benchmark.names import base_case
 from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, repeated_rates, spread, timed_passes
 from bench.gpu_benchmark.workdir import load_encoded, write_json
@@ -223,11 +223,8 @@ def case_vision(args: argparse.Namespace, work: Path, releases: dict[str, str]) 
         "image_format": IMAGE_FORMAT,
         "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
     }
-    started = time.perf_counter()
-    llm = vllm.LLM(**kwargs)
-    result["start_s"] = round(time.perf_counter() - started, 2)
-    scheduler = llm.llm_engine.vllm_config.scheduler_config
-    result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+    llm, figures = start_engine(kwargs)
+    result.update(figures)
     pads = (int(tokenizer.convert_tokens_to_ids(IMAGE_PAD)), int(tokenizer.convert_tokens_to_ids(VIDEO_PAD)))
 
     def encode(prompts: list[dict[str, Any]], params: list[Any], lengths: list[int]) -> None:

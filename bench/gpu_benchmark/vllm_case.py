@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_benchmark.engine_args import STOCK_TASK, plugin_engine_kwargs, stock_engine_kwargs
+from bench.gpu_benchmark.engine_args import STOCK_TASK, plugin_engine_kwargs, start_engine, stock_engine_kwargs
 from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, repeated_rates, timed_passes
 from bench.gpu_benchmark.traces import summarize_trace
 from bench.gpu_benchmark.workdir import load_encoded, save_logits
@@ -45,12 +45,8 @@ def case_vllm(
         "plugin": not stock,
         "engine_kwargs": {key: str(value) for key, value in kwargs.items()},
     }
-    started = time.perf_counter()
-    llm = vllm.LLM(**kwargs)
-    result["start_s"] = round(time.perf_counter() - started, 2)
-    scheduler = llm.llm_engine.vllm_config.scheduler_config
-    result["max_num_batched_tokens"], result["max_num_seqs"] = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
-    result["async_scheduling"] = scheduler.async_scheduling
+    llm, figures = start_engine(kwargs)
+    result.update(figures)
     result["architecture"] = llm.llm_engine.model_config.architectures[0]
     prompts = [{"prompt_token_ids": item} for item in ids]
     if stock:
