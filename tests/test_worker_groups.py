@@ -33,8 +33,8 @@ def test_modules_run_in_their_group_or_alone() -> None:
 
 
 def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
-    """Through xdist itself, with scripts/test.sh's options: the cluster folder's two files on one worker, in order
-    (plain loadscope hands them to the two workers first, one each)."""
+    """Through xdist itself, with scripts/test.sh's distribution options on two workers: the cluster folder's two
+    files on one worker, in order (plain loadscope hands them to the two workers first, one each)."""
     files = {"tests/cluster/test_a.py": 6, "tests/cluster/test_b.py": 6, "tests/test_c.py": 1, "tests/test_d.py": 1}
     for name, count in files.items():
         stem = Path(name).stem.removeprefix("test_")

@@ -1,4 +1,4 @@
-"""Which tests share a pytest-xdist worker when the suite runs on several (``-n 2 --dist loadscope
+"""Which tests share a pytest-xdist worker when the suite runs on several (``-n 3 --dist loadscope
 --no-loadscope-reorder``, as scripts/test.sh runs it).
 
 Each test module runs whole on one worker, in order, so its module-scoped servers and engines start once (xdist's
@@ -33,9 +33,9 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: Units that start first, one on each worker, so that neither ends the run alone (``--no-loadscope-reorder``: the
-#: rest follow in collection order): the real cluster (mostly waiting) and the GPU benchmark's CPU smoke run (the
-#: longest busy unit).
+#: Units that start first, each on a worker of its own, so that neither ends the run alone
+#: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting) and the GPU
+#: benchmark's CPU smoke run (the longest busy unit).
 FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py")
 
 
