@@ -234,7 +234,7 @@ def test_decision_deleted_while_the_operator_is_down(
     serving_pool(kube, nodes_to_remove, "life-down", "orphan")
     operator.stop()
     try:
-        kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=180s")
+        kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=110s")
         gone = ("inferenceservices", "deployments", "replicasets", "pods")
         eventually(
             lambda: all(kube.get(kind, namespace="life-down") == [] for kind in gone),

@@ -136,7 +136,7 @@ def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
     assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored", timeout=10) == [
         ("limits-adopt", True)
     ]
-    kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", "--timeout=180s")
+    kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", "--timeout=110s")
     gone = ("inferenceservices", "deployments", "pods")
     eventually(
         lambda: all(kube.get(kind, namespace="limits-adopt") == [] for kind in gone),
@@ -202,7 +202,7 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
     assert isvc_create_refusals(kube) - refusals <= 1, "a POST per node event"
     assert name_taken_events(kube, ns) == warned, "said again"
     assert len([e for e in warned if e[2].startswith("node pool taken:")]) == 1, warned
-    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", "--timeout=180s")
+    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", "--timeout=110s")
     eventually(
         lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator", timeout=30
     )
