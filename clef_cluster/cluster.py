@@ -33,6 +33,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
 START_TIMEOUT = 120.0
+KUBECTL_TIMEOUT_S = 120  # one kubectl call, its own waits (--timeout) included
 
 
 class ClusterError(RuntimeError):
@@ -94,7 +95,7 @@ class Cluster:
             capture_output=True,
             text=True,
             check=check,
-            timeout=120,
+            timeout=KUBECTL_TIMEOUT_S,
         )
 
     def apply(self, objects: list[dict[str, Any]]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from clef_cluster.cluster import Cluster
+from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster
 from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +24,9 @@ SYSTEM_NS = "clef-system"
 SERVICE_ACCOUNT = "clef-serving"
 OPERATOR_DEPLOYMENT = "clef-serving-operator"
 HELM = REPO / ".venv" / "bin" / "helm"
+#: kubectl's own wait for a deletion (``delete ... --wait=true``): inside the time the kubectl process is given, so a
+#: slow deletion fails with kubectl's message rather than a killed process.
+DELETE_WAIT = f"--timeout={KUBECTL_TIMEOUT_S - 10}s"
 README_NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision.yaml"
 WAIT = 90.0  # seconds any expected state may take

@@ -12,7 +12,7 @@ import yaml
 from clef_cluster.faults import crash_pod
 from clef_cluster.nodes import GpuPool
 from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
-from tests.cluster.kube import Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -234,7 +234,7 @@ def test_decision_deleted_while_the_operator_is_down(
     serving_pool(kube, nodes_to_remove, "life-down", "orphan")
     operator.stop()
     try:
-        kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", "--timeout=110s")
+        kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", DELETE_WAIT)
         gone = ("inferenceservices", "deployments", "replicasets", "pods")
         eventually(
             lambda: all(kube.get(kind, namespace="life-down") == [] for kind in gone),

@@ -15,7 +15,7 @@ import yaml
 from clef_operator.diffbase import DIGEST_PREFIX
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
-from tests.cluster.kube import Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
 from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, serving_pool, start, wait_serving
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
 from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
@@ -136,7 +136,7 @@ def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
     assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored", timeout=10) == [
         ("limits-adopt", True)
     ]
-    kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", "--timeout=110s")
+    kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", DELETE_WAIT)
     gone = ("inferenceservices", "deployments", "pods")
     eventually(
         lambda: all(kube.get(kind, namespace="limits-adopt") == [] for kind in gone),
@@ -202,7 +202,7 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
     assert isvc_create_refusals(kube) - refusals <= 1, "a POST per node event"
     assert name_taken_events(kube, ns) == warned, "said again"
     assert len([e for e in warned if e[2].startswith("node pool taken:")]) == 1, warned
-    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", "--timeout=110s")
+    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", DELETE_WAIT)
     eventually(
         lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator", timeout=30
     )

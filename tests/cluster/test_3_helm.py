@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.helpers import DECISION_LABEL, FP8_POOLS, is_ready, pod_ready, pods_of
-from tests.cluster.kube import CHART, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import CHART, DELETE_WAIT, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -66,7 +66,7 @@ def test_helm_uninstall_leaves_no_orphans(kube: Kube, operator: Operator, readme
     assert refused.returncode != 0 and "Unauthorized" in refused.stderr, refused.stderr
     # Helm keeps CRDs (and so the ClefDecisions); deleting them removes every child through the garbage
     # collector, with no operator running.
-    kube.run("delete", "clefdecisions", "--all", "--all-namespaces", "--wait=true", "--timeout=110s")
+    kube.run("delete", "clefdecisions", "--all", "--all-namespaces", "--wait=true", DELETE_WAIT)
     for kind in ("inferenceservices", "deployments", "pods"):
         eventually(partial(none_left, kube, kind, README_NS), f"no {kind} left in {README_NS}")
     # Every namespace's children (other tests' ClefDecisions too) go through the garbage collector: not at once.
