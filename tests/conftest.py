@@ -4,7 +4,9 @@ the tests' worker groups (pytest-xdist)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +17,27 @@ from tests.skip_policy import pytest_make_collect_report, pytest_runtest_makerep
 from tests.worker_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401 (the suite's hooks)
 
 REFERENCE_MODULE = "clef_finetune/_vendor/joint_schema_model.py"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One compile-cache folder (a predictor pod's layout: ``vllm/``, ``inductor/``, ...) for every engine the suite
+    starts, in-process, in servers or in benchmark cases, shared by the xdist workers of a run; its ``vllm/`` is
+    this session's ``VLLM_CACHE_ROOT``. vLLM keeps there what it learnt about a model class (``modelinfos/``),
+    which it otherwise learns by importing vLLM and our plugin in a subprocess at every engine start (about 10 s
+    of CPU). A user's machine keeps the same folder (``~/.cache/vllm``) between starts; the test that stands for
+    a new user (the installed package's) sets its own."""
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's base is a folder of the run's own base; without xdist, the base is the run's.
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"
+    (root / "vllm").mkdir(parents=True, exist_ok=True)
+    saved = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(root / "vllm")
+    yield root
+    if saved is None:
+        os.environ.pop("VLLM_CACHE_ROOT")
+    else:
+        os.environ["VLLM_CACHE_ROOT"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -58,13 +58,9 @@ def reference_scores(model_dir: Path, bodies: list[dict[str, Any]]) -> Scored:
 
 
 @pytest.fixture(scope="session")
-def vllm_cpu_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """In-process CPU engines: small KV cache, no engine subprocess, a private vLLM cache folder."""
-    settings = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
-    }
+def vllm_cpu_env() -> Iterator[None]:
+    """In-process CPU engines: small KV cache, no engine subprocess (the cache folder: ``shared_compile_cache``)."""
+    settings = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     yield

@@ -137,7 +137,6 @@ def test_card_offline_snippet_runs_with_only_its_import_changed(
         "PYTHONPATH": os.pathsep.join([str(REPO), str(release_code)]),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
     }
     result = subprocess.run(
         [sys.executable, str(snippet), str(tiny_release), json.dumps(CARD_REQUEST)],

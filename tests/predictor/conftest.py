@@ -77,7 +77,7 @@ def start_server(
     ``drop_env``; return once it is ready (as :func:`start_predictor`)."""
     log_path, stdout_path = tmp / "server.log", tmp / "server.out"
     inherited = {name: value for name, value in os.environ.items() if name not in drop_env}
-    full_env = {**inherited, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), **(env or {})}
+    full_env = {**inherited, **(env or {})}
     with log_path.open("wb") as log_file, stdout_path.open("wb") as out_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=out_file, stderr=log_file, env=full_env)
     server = Predictor(process=process, port=port, log_path=log_path, stdout_path=stdout_path)

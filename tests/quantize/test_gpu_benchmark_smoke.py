@@ -57,7 +57,7 @@ class Smoke:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
+def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path) -> Smoke:
     """``python -m bench.gpu_benchmark --device cpu`` over every smoke case, once for this module."""
     work = tmp_path_factory.mktemp("gpu-benchmark-smoke")
     command = [
@@ -80,6 +80,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
         str(work),
         "--out",
         str(work),
+        "--cache-dir",
+        str(shared_compile_cache),
         "--cases",
         SMOKE_CASES,
         "--time-budget",

@@ -176,15 +176,11 @@ def test_reference_engine_runs_fp8_and_agrees_with_bf16(
 
 
 @pytest.fixture(scope="module")
-def vllm_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """CPU vLLM settings for in-process engines."""
-    names = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT")
+def vllm_environment() -> Iterator[None]:
+    """CPU vLLM settings for in-process engines (the cache folder: ``shared_compile_cache``)."""
+    names = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
     saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_CACHE_ROOT=str(tmp_path_factory.mktemp("vllm-cache")),
-    )
+    os.environ.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     yield
     for name, value in saved.items():
         if value is None:
