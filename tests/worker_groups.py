@@ -38,11 +38,18 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: Units that start first, each on a worker of its own (``--no-loadscope-reorder``: the rest follow in collection
-#: order): the waiting group, and the GPU benchmark's CPU smoke run (the longest busy unit), so that neither ends the
-#: run alone. The other long units that start CPU vLLM engines stay where collection puts them, apart: with the two
-#: vision engines' units started first too, beside the smoke run, each of the three took 1.4-1.8 times as long.
-FIRST = ("real-time", "tests/quantize/test_gpu_benchmark_smoke.py")
+#: Units that start first, in this order (``--no-loadscope-reorder``: the rest follow in collection order): the
+#: waiting group on a worker of its own, then the longest busy units, so that none of them starts late and ends
+#: the run alone.
+FIRST = (
+    "real-time",
+    "tests/quantize/test_gpu_benchmark_smoke.py",
+    "tests/plugin/test_vision_parity.py",
+    "tests/predictor/test_server_vision_vllm.py",
+    "vllm-server",
+    "tests/predictor/test_engine_death.py",
+    "tests/operator/test_scale.py",
+)
 
 
 def group_of(path: str) -> str:
