@@ -22,15 +22,10 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: Test files (or folders, ending in "/") that must share a worker, by group name, relative to the repository root.
 SHARED_GROUPS: dict[str, tuple[str, ...]] = {
-    # Tests that mostly wait on real clocks (API servers, controllers, operator processes) take turns on one worker,
-    # so that the other two keep both cores busy: the real cluster (one per session; its files run in name order,
-    # test_3_helm.py last) and the operator's scenarios (test_documented_rbac_matches_requests reads the RBAC
-    # requests the scenarios of both files made in this session).
-    "real-time": (
-        "tests/cluster/",
-        "tests/operator/test_cluster_life.py",
-        "tests/operator/test_operator_integration.py",
-    ),
+    # One real cluster per session; its files run in name order (test_3_helm.py last).
+    "cluster": ("tests/cluster/",),
+    # test_documented_rbac_matches_requests reads the RBAC requests the scenarios of both files made in this session.
+    "operator-scenarios": ("tests/operator/test_cluster_life.py", "tests/operator/test_operator_integration.py"),
     # The session's CPU vLLM predictor (tests/predictor/conftest.py's vllm_server).
     "vllm-server": ("tests/predictor/test_server_vllm.py", "tests/predictor/test_systemone_cli.py"),
     # The reference logits of the plugin's parity records (tests/plugin/conftest.py's parity_reference).
@@ -38,18 +33,10 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: Units that start first, in this order (``--no-loadscope-reorder``: the rest follow in collection order): the
-#: waiting group on a worker of its own, then the longest busy units, so that none of them starts late and ends
-#: the run alone.
-FIRST = (
-    "real-time",
-    "tests/quantize/test_gpu_benchmark_smoke.py",
-    "tests/plugin/test_vision_parity.py",
-    "tests/predictor/test_server_vision_vllm.py",
-    "vllm-server",
-    "tests/predictor/test_engine_death.py",
-    "tests/operator/test_scale.py",
-)
+#: Units that start first, each on a worker of its own, so that neither ends the run alone
+#: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting) and the GPU
+#: benchmark's CPU smoke run (the longest busy unit).
+FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py")
 
 
 def group_of(path: str) -> str:
