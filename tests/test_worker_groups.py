@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.worker_groups import SHARED_GROUPS, group_of
+from tests.worker_groups import FIRST, SHARED_GROUPS, group_of
 
 REPO = Path(__file__).resolve().parents[1]
 # Each test appends its name to a file named after the worker it ran on.
@@ -23,6 +23,8 @@ def test_every_shared_member_exists() -> None:
     for members in SHARED_GROUPS.values():
         for member in members:
             assert (REPO / member).is_dir() if member.endswith("/") else (REPO / member).is_file(), member
+    for unit in FIRST:  # a group's name or a file of its own
+        assert unit in SHARED_GROUPS or ((REPO / unit).is_file() and group_of(unit) == unit), unit
 
 
 def test_modules_run_in_their_group_or_alone() -> None:
