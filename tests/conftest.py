@@ -25,8 +25,8 @@ def shared_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     starts, in-process, in servers or in benchmark cases, shared by the xdist workers of a run; its ``vllm/`` is
     this session's ``VLLM_CACHE_ROOT``. vLLM keeps there what it learnt about a model class (``modelinfos/``),
     which it otherwise learns by importing vLLM and our plugin in a subprocess at every engine start (about 10 s
-    of CPU). A user's machine keeps the same folder (``~/.cache/vllm``) between starts; the test that stands for
-    a new user (the installed package's) sets its own."""
+    of CPU). A user's machine keeps the same folder (``~/.cache/vllm``) between starts; the tests that stand for
+    a user's first start (the model card's command, the installed package) set their own, empty."""
     base = tmp_path_factory.getbasetemp()
     # Under xdist each worker's base is a folder of the run's own base; without xdist, the base is the run's.
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-cache"

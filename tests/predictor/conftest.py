@@ -210,7 +210,8 @@ def vllm_server(
 ) -> Iterator[Predictor]:
     """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens) started the FP8 model card's way: the
     installed ``clef-systemone``, offline, in a user's environment (vLLM's engine core in its own process, the KV
-    cache the predictor's default size). test_server_vllm.py and test_systemone_cli.py share it."""
+    cache the predictor's default size, vLLM's cache folder empty). test_server_vllm.py and test_systemone_cli.py
+    share it."""
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "clef-systemone"),
@@ -218,7 +219,9 @@ def vllm_server(
         "--max-model-len", "512", "--enable_grpc", "false",
     ]  # fmt: skip
     tmp = tmp_path_factory.mktemp("predictor-vllm")
-    running = start_server(tmp, command, port, env=OFFLINE_ENV, drop_env=USER_ABSENT_ENV)
+    # A first start: vLLM's cache folder empty (not the run's shared one), so its model inspection runs offline too.
+    env = {**OFFLINE_ENV, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    running = start_server(tmp, command, port, env=env, drop_env=USER_ABSENT_ENV)
     yield running
     assert stop(running) == 0, running.log()[-3000:]
 
