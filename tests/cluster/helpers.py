@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from clef_cluster.nodes import GPU_POOLS
 from clef_cluster.storage import namespace_with_claims
 from tests.cluster.kube import EXAMPLE, README_NS, Kube, eventually
@@ -24,11 +26,28 @@ def apply_readme_decision(kube: Kube) -> dict[str, Any]:
     """The README's ClefDecision applied with kubectl into its namespace, waited for until Ready."""
     namespace(kube, README_NS)
     kube.run("apply", f"--namespace={README_NS}", "-f", str(EXAMPLE))
-    return eventually(
-        lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
-        "the README's ClefDecision to be Ready",
-        timeout=180,
-    )
+    try:
+        return eventually(
+            lambda: (d := kube.get("clefdecision", "clef-flash", README_NS)) and is_ready(d) and d,
+            "the README's ClefDecision to be Ready",
+            timeout=180,
+        )
+    except pytest.fail.Exception as exc:  # say what the cluster looked like: the decision, its pods, the nodes
+        shown = [
+            kube.run(*args, check=False).stdout
+            for args in (
+                ("get", "clefdecision", "clef-flash", f"--namespace={README_NS}", "-o", "jsonpath={.status}"),
+                ("get", "pods,deployments", f"--namespace={README_NS}", "-o", "wide"),
+                ("get", "events", f"--namespace={README_NS}", "--sort-by=.lastTimestamp"),
+                (
+                    "get",
+                    "nodes",
+                    "-o",
+                    "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints,READY:.status.conditions[-1].status",
+                ),
+            )
+        ]
+        pytest.fail(f"{exc}\n" + "\n".join(shown))
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
