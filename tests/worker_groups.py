@@ -28,8 +28,6 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
     "operator-scenarios": ("tests/operator/test_cluster_life.py", "tests/operator/test_operator_integration.py"),
     # The session's CPU vLLM predictor (tests/predictor/conftest.py's vllm_server).
     "vllm-server": ("tests/predictor/test_server_vllm.py", "tests/predictor/test_systemone_cli.py"),
-    # The reference logits of the plugin's parity records (tests/plugin/conftest.py's parity_reference).
-    "plugin-parity": ("tests/plugin/test_parity.py", "tests/plugin/test_chunked_prefill.py"),
 }
 
 

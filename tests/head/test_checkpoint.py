@@ -98,9 +98,10 @@ def test_bad_config_keys_are_named(tiny_release: Path, tmp_path: Path) -> None:
 
 
 def test_tiny_command_line_builds_a_loadable_release(tmp_path: Path) -> None:
+    """The command line with its options; the session's ``tiny_release`` is the default vocabulary's build."""
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "clef_tools.tiny", str(out), "--seed", "5", "--layout", "fp8"],
+        [sys.executable, "-m", "clef_tools.tiny", str(out), "--seed", "5", "--layout", "fp8", "--vocabulary", "toy"],
         capture_output=True,
         text=True,
         check=True,

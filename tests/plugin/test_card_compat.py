@@ -126,8 +126,10 @@ def test_register_adds_the_card_architecture() -> None:
 
 @pytest.mark.vllm
 def test_card_offline_snippet_runs_with_only_its_import_changed(
-    tiny_release: Path, reference: ModuleType, tmp_path: Path
+    toy_release: Path, reference: ModuleType, tmp_path: Path
 ) -> None:
+    """On the toy-vocabulary release: the snippet's tokens are the reference's own (``encode_record``), so this checks
+    the engine's answers; the layout test above checks the encoders agree on Qwen3.5's vocabulary."""
     snippet = tmp_path / "card_snippet.py"
     snippet.write_text(CARD_SNIPPET % {"max_model_len": MAX_MODEL_LEN})
     release_code = Path(reference.__file__).parent
@@ -139,13 +141,13 @@ def test_card_offline_snippet_runs_with_only_its_import_changed(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     result = subprocess.run(
-        [sys.executable, str(snippet), str(tiny_release), json.dumps(CARD_REQUEST)],
+        [sys.executable, str(snippet), str(toy_release), json.dumps(CARD_REQUEST)],
         capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-5000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("LOGITS ")]
     engine = torch.tensor(json.loads(line.removeprefix("LOGITS ")))
-    expected = reference_scores(tiny_release, [CARD_REQUEST])
+    expected = reference_scores(toy_release, [CARD_REQUEST])
     (want,) = expected.logits
     assert engine.shape == want.shape == (expected.encoded[0].layout.option_count,)
     offset = 0

@@ -20,15 +20,15 @@ RECORDS = 12
 
 
 @pytest.fixture(scope="module")
-def layout_reference(tiny_release_fp8_layout: Path) -> Scored:
+def layout_reference(toy_release_fp8_layout: Path) -> Scored:
     """Reference logits on the release whose head sits in clef_head/."""
-    return reference_scores(tiny_release_fp8_layout, parity_requests(seed=7, count=RECORDS))
+    return reference_scores(toy_release_fp8_layout, parity_requests(seed=7, count=RECORDS))
 
 
 @pytest.fixture(scope="module")
-def llm(vllm_cpu_env: None, tiny_release_fp8_layout: Path, layout_reference: Scored) -> Iterator[Any]:
+def llm(vllm_cpu_env: None, toy_release_fp8_layout: Path, layout_reference: Scored) -> Iterator[Any]:
     """An engine asked for prefix caching (bypassing engine_kwargs' own refusal)."""
-    engine = start_engine(tiny_release_fp8_layout, enable_prefix_caching=True, max_num_seqs=16)
+    engine = start_engine(toy_release_fp8_layout, enable_prefix_caching=True, max_num_seqs=16)
     yield engine
     stop_engine(engine)
 

@@ -93,12 +93,12 @@ def _encoded(model_dir: Path) -> list[EncodedRequest]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_release: Path) -> tuple[list[EncodedRequest], list[torch.Tensor]]:
+def reference(toy_release: Path) -> tuple[list[EncodedRequest], list[torch.Tensor]]:
     """The records and the transformers engine's logits for them (FP32, vision tower loaded)."""
     from predictor.engines.reference import TransformersScorer
 
-    encoded = _encoded(tiny_release)
-    scorer = TransformersScorer(tiny_release, dtype=torch.float32, max_length=MAX_MODEL_LEN, vision=True)
+    encoded = _encoded(toy_release)
+    scorer = TransformersScorer(toy_release, dtype=torch.float32, max_length=MAX_MODEL_LEN, vision=True)
     logits = scorer.score(encoded)
     del scorer
     gc.collect()
@@ -106,12 +106,12 @@ def reference(tiny_release: Path) -> tuple[list[EncodedRequest], list[torch.Tens
 
 
 @pytest.fixture(scope="module")
-def llm(vllm_cpu_env: None, tiny_release: Path) -> Iterator[Any]:
+def llm(vllm_cpu_env: None, toy_release: Path) -> Iterator[Any]:
     from vllm import LLM
 
     engine = LLM(
         **clef_plugin.engine_kwargs(
-            tiny_release,
+            toy_release,
             max_model_len=MAX_MODEL_LEN,
             enforce_eager=True,
             vision=True,
@@ -123,7 +123,7 @@ def llm(vllm_cpu_env: None, tiny_release: Path) -> Iterator[Any]:
 
 
 def test_images_and_videos_are_answered_as_the_transformers_engine_answers(
-    llm: Any, reference: tuple[list[EncodedRequest], list[torch.Tensor]], tiny_release: Path
+    llm: Any, reference: tuple[list[EncodedRequest], list[torch.Tensor]], toy_release: Path
 ) -> None:
     encoded, expected = reference
     assert [item.media.image_count if item.media else 0 for item in encoded] == [len(files) for files in IMAGE_SETS]

@@ -206,16 +206,16 @@ def predictor_env() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def vllm_server(
-    tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+    toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
 ) -> Iterator[Predictor]:
-    """One predictor on CPU vLLM (tiny release, prompts up to 512 tokens) started the FP8 model card's way: the
-    installed ``clef-systemone``, offline, in a user's environment (vLLM's engine core in its own process, the KV
-    cache the predictor's default size, vLLM's cache folder empty). test_server_vllm.py and test_systemone_cli.py
-    share it."""
+    """One predictor on CPU vLLM (toy-vocabulary release, prompts up to 512 tokens) started the FP8 model card's
+    way: the installed ``clef-systemone``, offline, in a user's environment (vLLM's engine core in its own process,
+    the KV cache the predictor's default size, vLLM's cache folder empty). test_server_vllm.py and
+    test_systemone_cli.py share it."""
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "clef-systemone"),
-        "--model", str(tiny_release), "--port", str(port), "--served-model-name", MODEL_NAME,
+        "--model", str(toy_release), "--port", str(port), "--served-model-name", MODEL_NAME,
         "--max-model-len", "512", "--enable_grpc", "false",
     ]  # fmt: skip
     tmp = tmp_path_factory.mktemp("predictor-vllm")

@@ -14,11 +14,11 @@ from tests.predictor.conftest import start_predictor, stop
 pytestmark = pytest.mark.vllm
 
 
-def test_killing_the_engine_core_ends_the_process(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
+def test_killing_the_engine_core_ends_the_process(toy_release: Path, tmp_path: Path, predictor_env: None) -> None:
     server = start_predictor(
         tmp_path,
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "vllm",
         "--max-model-len",

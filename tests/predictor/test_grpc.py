@@ -30,7 +30,7 @@ MAX_BODY_BYTES = 4096
 
 @pytest.fixture(scope="module")
 def grpc_server(
-    tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+    toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
 ) -> Iterator[Predictor]:
     tmp = tmp_path_factory.mktemp("predictor-grpc")
     key_file = tmp / "keys"
@@ -39,7 +39,7 @@ def grpc_server(
     running = start_predictor(
         tmp,
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "transformers",
         "--max-model-len",

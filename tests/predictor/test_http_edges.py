@@ -21,7 +21,7 @@ SERVER_SOFT_FILE_LIMIT = 1024  # a common default outside containers: the server
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < FLOOD + 1600:
         pytest.fail(f"the hard limit on open files ({hard}) is too low for a {FLOOD}-connection test")
@@ -30,7 +30,7 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
         running = start_predictor(
             tmp_path_factory.mktemp("predictor-edges"),
             "--model-dir",
-            str(tiny_release),
+            str(toy_release),
             "--engine",
             "transformers",
             "--max-model-len",

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 
-def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, predictor_env: None) -> None:
+def test_sigterm_under_load_gets_no_500(toy_release: Path, tmp_path: Path, predictor_env: None) -> None:
     from reliability.lifecycle import run
 
     result = asyncio.run(
@@ -14,7 +14,7 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
             "sigterm",
             [
                 "--model-dir",
-                str(tiny_release),
+                str(toy_release),
                 "--engine",
                 "transformers",
                 "--max-model-len",
@@ -35,7 +35,7 @@ def test_sigterm_under_load_gets_no_500(tiny_release: Path, tmp_path: Path, pred
 
 
 def test_sigterm_with_256_clients_in_flight_past_the_drain(
-    tiny_release: Path, tmp_path: Path, predictor_env: None
+    toy_release: Path, tmp_path: Path, predictor_env: None
 ) -> None:
     """More work in flight than the drain allows: what is unanswered then gets 503 + Retry-After (uvicorn's own
     timeout would cancel it into a 500), and the process is gone within its delay + drain + a few seconds.
@@ -53,7 +53,7 @@ def test_sigterm_with_256_clients_in_flight_past_the_drain(
             "sigterm",
             [
                 "--model-dir",
-                str(tiny_release),
+                str(toy_release),
                 "--engine",
                 "transformers",
                 "--max-model-len",

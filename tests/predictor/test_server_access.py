@@ -26,13 +26,13 @@ def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(
-    tiny_release: Path, key_file: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
+    toy_release: Path, key_file: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
 ) -> Iterator[Predictor]:
     """A server that needs a key (PROBES and warm-up polling are exempt or answered 401, see below)."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-access"),
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "transformers",
         "--max-model-len",

@@ -30,12 +30,12 @@ SLOW_CLIENT_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     """The shared server: small prompts, small batches, JSON request logs."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-transformers"),
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "transformers",
         "--max-model-len",

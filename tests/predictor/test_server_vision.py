@@ -37,11 +37,11 @@ QUESTIONS: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-vision"),
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "transformers",
         "--vision",
@@ -55,9 +55,9 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
 
 
 @pytest.fixture(scope="module")
-def original(tiny_release: Path, reference: ModuleType) -> Any:
+def original(toy_release: Path, reference: ModuleType) -> Any:
     """The original release code's model and processor on the same release (FP32, as the CPU engine runs)."""
-    return reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
+    return reference.load_release_model(toy_release, device="cpu", dtype=torch.float32)
 
 
 def _original_answer(

@@ -33,11 +33,11 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
+def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-vision-vllm"),
         "--model-dir",
-        str(tiny_release),
+        str(toy_release),
         "--engine",
         "vllm",
         "--vision",
@@ -53,8 +53,8 @@ def server(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory, predict
 
 
 @pytest.fixture(scope="module")
-def original(tiny_release: Path, reference: ModuleType) -> Any:
-    return reference.load_release_model(tiny_release, device="cpu", dtype=torch.float32)
+def original(toy_release: Path, reference: ModuleType) -> Any:
+    return reference.load_release_model(toy_release, device="cpu", dtype=torch.float32)
 
 
 def _assert_close(ours: dict[str, Any], theirs: dict[str, Any]) -> None:

@@ -76,10 +76,10 @@ class FakeEngine(Engine):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_release: Path) -> Any:
+def tokenizer(toy_release: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_release))
+    return AutoTokenizer.from_pretrained(str(toy_release))
 
 
 def serving(engine: FakeEngine, **options: Any) -> SystemOneService:

@@ -57,8 +57,11 @@ class Smoke:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path) -> Smoke:
-    """``python -m bench.gpu_benchmark --device cpu`` over every smoke case, once for this module."""
+def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path, toy_release_fp8_layout: Path) -> Smoke:
+    """``python -m bench.gpu_benchmark --device cpu`` over every smoke case, once for this module, on a toy-vocabulary
+    BF16 release given as ``--bf16`` (the benchmark quantizes it to FP8 itself; ``clef_tools.fullsize`` builds the
+    release when none is given, tested in test_fullsize_release.py). Its head is in clef_head/: the stock vLLM case
+    loads every ``*.safetensors`` at the root of a release without a shard index, a head there included."""
     work = tmp_path_factory.mktemp("gpu-benchmark-smoke")
     command = [
         sys.executable,
@@ -68,6 +71,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path) 
         "cpu",
         "--scale",
         "tiny",
+        "--bf16",
+        str(toy_release_fp8_layout),
         "--records",
         "8",
         "--tokens",

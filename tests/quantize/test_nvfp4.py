@@ -43,10 +43,10 @@ AGREEMENT_RECORDS = 12
 
 
 @pytest.fixture(scope="module")
-def nvfp4_release(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def nvfp4_release(toy_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny release quantized to NVFP4 on the CPU (two calibration records keep it quick)."""
     destination = tmp_path_factory.mktemp("quantize-nvfp4") / "nvfp4"
-    report = quantize_release(tiny_release, destination, scheme="NVFP4", device="cpu", calibration_records=2)
+    report = quantize_release(toy_release, destination, scheme="NVFP4", device="cpu", calibration_records=2)
     assert report.quantized_modules == 25 and report.scheme == "NVFP4"
     return destination
 
@@ -88,8 +88,8 @@ def test_config_carries_the_nvfp4_scheme(nvfp4_release: Path) -> None:
     assert (nvfp4_release / HEAD_SUBFOLDER / HEAD_WEIGHTS_FILE).is_file()
 
 
-def test_fused_groups_share_global_scales(tiny_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(tiny_release), _tensors(nvfp4_release)
+def test_fused_groups_share_global_scales(toy_release: Path, nvfp4_release: Path) -> None:
+    source, output = _tensors(toy_release), _tensors(nvfp4_release)
     groups: dict[str, list[str]] = defaultdict(list)
     for name in output:
         match = FUSED.match(name.removesuffix(".weight_packed"))
@@ -111,8 +111,8 @@ def test_fused_groups_share_global_scales(tiny_release: Path, nvfp4_release: Pat
     assert differing > 0  # members' own scales would differ: the sharing is not a coincidence
 
 
-def test_dequantized_weights_are_within_fp4_rounding(tiny_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(tiny_release), _tensors(nvfp4_release)
+def test_dequantized_weights_are_within_fp4_rounding(toy_release: Path, nvfp4_release: Path) -> None:
+    source, output = _tensors(toy_release), _tensors(nvfp4_release)
     modules = [name.removesuffix(".weight_packed") for name in output if name.endswith(".weight_packed")]
     assert len(modules) == 25
     for module in modules:
@@ -135,16 +135,16 @@ def test_dequantized_weights_are_within_fp4_rounding(tiny_release: Path, nvfp4_r
         assert error.max() > 0  # really FP4, not a copy
 
 
-def test_kept_layers_stay_bf16(tiny_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(tiny_release), _tensors(nvfp4_release)
+def test_kept_layers_stay_bf16(toy_release: Path, nvfp4_release: Path) -> None:
+    source, output = _tensors(toy_release), _tensors(nvfp4_release)
     kept = [name for name in source if re.search(r"(^lm_head\.|\.linear_attn\.in_proj_[ab]\.|^model\.visual\.)", name)]
     assert any(name.startswith("lm_head.") for name in kept) and any("in_proj_a" in name for name in kept)
     for name in kept:
         assert torch.equal(output[name], source[name]), name
 
 
-def test_reference_engine_runs_nvfp4_and_agrees_with_bf16(tiny_release: Path, nvfp4_release: Path) -> None:
-    bf16, nvfp4 = TransformersScorer(tiny_release), TransformersScorer(nvfp4_release)
+def test_reference_engine_runs_nvfp4_and_agrees_with_bf16(toy_release: Path, nvfp4_release: Path) -> None:
+    bf16, nvfp4 = TransformersScorer(toy_release), TransformersScorer(nvfp4_release)
     gate = nvfp4.backbone.layers[0].mlp.gate_proj
     assert hasattr(gate, "weight_global_scale")  # loaded through compressed-tensors
     records = make_records(bf16.tokenizer, AGREEMENT_RECORDS, seed=0, tokens=192, spread=32)

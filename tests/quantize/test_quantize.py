@@ -40,10 +40,10 @@ AGREEMENT_RECORDS = 12
 
 
 @pytest.fixture(scope="module")
-def fp8_release(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fp8_release(toy_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny release quantized to FP8_DYNAMIC (on the CPU)."""
     destination = tmp_path_factory.mktemp("quantize") / "fp8"
-    report = quantize_release(tiny_release, destination, device="cpu")
+    report = quantize_release(toy_release, destination, device="cpu")
     assert report.quantized_modules > 0
     return destination
 
@@ -78,8 +78,8 @@ def test_config_carries_the_fp8_dynamic_scheme(fp8_release: Path) -> None:
     assert group["output_activations"] is None
 
 
-def test_linear_weights_are_fp8_with_channel_scales(tiny_release: Path, fp8_release: Path) -> None:
-    source, output = _tensors(tiny_release), _tensors(fp8_release)
+def test_linear_weights_are_fp8_with_channel_scales(toy_release: Path, fp8_release: Path) -> None:
+    source, output = _tensors(toy_release), _tensors(fp8_release)
     linear = {  # 2-D weights but the token embedding: Linear layers (and the vision tower's embeddings)
         name.removesuffix(".weight")
         for name, tensor in source.items()
@@ -110,27 +110,27 @@ def test_linear_weights_are_fp8_with_channel_scales(tiny_release: Path, fp8_rele
             assert torch.equal(output[name], tensor), name
 
 
-def test_layout_head_recipe_and_random_note(tiny_release: Path, fp8_release: Path) -> None:
+def test_layout_head_recipe_and_random_note(toy_release: Path, fp8_release: Path) -> None:
     for name in (HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE):
-        assert (fp8_release / HEAD_SUBFOLDER / name).read_bytes() == (tiny_release / name).read_bytes()
+        assert (fp8_release / HEAD_SUBFOLDER / name).read_bytes() == (toy_release / name).read_bytes()
         assert not (fp8_release / name).exists()
     for name in ("tokenizer.json", "tokenizer_config.json", "processor_config.json", "chat_template.jinja"):
-        assert (fp8_release / name).read_bytes() == (tiny_release / name).read_bytes()
+        assert (fp8_release / name).read_bytes() == (toy_release / name).read_bytes()
     recipe = (fp8_release / RECIPE_FILE).read_text()
     assert "scheme: FP8_DYNAMIC" in recipe and "re:.*linear_attn.in_proj_a$" in recipe
     assert (fp8_release / RANDOM_MARKER).is_file()
     assert "Random weights" in (fp8_release / "README.md").read_text()
 
 
-def test_refuses_bad_sources_and_destinations(tiny_release: Path, fp8_release: Path, tmp_path: Path) -> None:
+def test_refuses_bad_sources_and_destinations(toy_release: Path, fp8_release: Path, tmp_path: Path) -> None:
     with pytest.raises(QuantizationError, match="not empty"):
-        quantize_release(tiny_release, fp8_release, device="cpu")
+        quantize_release(toy_release, fp8_release, device="cpu")
     with pytest.raises(QuantizationError, match="already has a quantization_config"):
         quantize_release(fp8_release, tmp_path / "twice", device="cpu")
     with pytest.raises(QuantizationError, match="config.json is missing"):
         quantize_release(tmp_path, tmp_path / "out", device="cpu")
     with pytest.raises(QuantizationError, match="scheme must be one of"):
-        quantize_release(tiny_release, tmp_path / "w4a16", scheme="W4A16", device="cpu")
+        quantize_release(toy_release, tmp_path / "w4a16", scheme="W4A16", device="cpu")
 
 
 def test_command_line_reports_errors_without_a_traceback(fp8_release: Path, tmp_path: Path) -> None:
@@ -145,9 +145,9 @@ def test_command_line_reports_errors_without_a_traceback(fp8_release: Path, tmp_
 
 
 @pytest.fixture(scope="module")
-def scorers(tiny_release: Path, fp8_release: Path) -> tuple[TransformersScorer, TransformersScorer]:
+def scorers(toy_release: Path, fp8_release: Path) -> tuple[TransformersScorer, TransformersScorer]:
     """BF16 and FP8 transformers reference scorers (CPU)."""
-    return TransformersScorer(tiny_release), TransformersScorer(fp8_release)
+    return TransformersScorer(toy_release), TransformersScorer(fp8_release)
 
 
 @pytest.fixture(scope="module")
