@@ -47,12 +47,6 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_release_fp8_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random release with the head in clef_head/ (the FP8 repository's layout)."""
-    return build_tiny_release(tmp_path_factory.mktemp("tiny-fp8-layout"), seed=1, layout="fp8").path
-
-
-@pytest.fixture(scope="session")
 def toy_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random release with the toy vocabulary (``clef_tools.tiny``'s docstring) and the head at the root,
     for the tests whose subject is an engine or a server rather than tokens: CPU vLLM engines, predictor servers,

@@ -26,16 +26,16 @@ def _head_only(src: Path, dst: Path, subfolder: str = "") -> Path:
     return dst
 
 
-def test_finds_head_at_root_and_in_subfolder(tiny_release: Path, tiny_release_fp8_layout: Path) -> None:
+def test_finds_head_at_root_and_in_subfolder(tiny_release: Path, toy_release_fp8_layout: Path) -> None:
     assert find_head_files(tiny_release).weights == tiny_release / "joint_head.safetensors"
     assert (
-        find_head_files(tiny_release_fp8_layout).weights
-        == tiny_release_fp8_layout / "clef_head" / "joint_head.safetensors"
+        find_head_files(toy_release_fp8_layout).weights
+        == toy_release_fp8_layout / "clef_head" / "joint_head.safetensors"
     )
 
 
-def test_both_layouts_load_strictly(tiny_release: Path, tiny_release_fp8_layout: Path) -> None:
-    for release in (tiny_release, tiny_release_fp8_layout):
+def test_both_layouts_load_strictly(tiny_release: Path, toy_release_fp8_layout: Path) -> None:
+    for release in (tiny_release, toy_release_fp8_layout):
         head = load_head(release)
         state = load_file(str(find_head_files(release).weights))
         assert set(state) == set(head.state_dict())
