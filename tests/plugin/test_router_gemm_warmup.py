@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import weakref
 
 import pytest
 import torch
@@ -33,12 +34,14 @@ def test_vllm_still_calls_its_router_gemm_warmup_by_its_module_name() -> None:
 
 @pytest.fixture
 def argless_warmup(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """vLLM 0.26's shape of the warm-up (no arguments) in place of the installed one; its calls are recorded."""
+    """vLLM 0.26's shape of the warm-up (no arguments) in place of the installed one; its calls are recorded. No Clef
+    model of an earlier test in this process counts (the plugin's set of them starts empty)."""
     from vllm.model_executor.warmup import kernel_warmup
 
     from clef_plugin import compat
 
     calls: list[str] = []
+    monkeypatch.setattr(compat, "_ROUTERLESS_MODELS", weakref.WeakSet())
 
     def warmup() -> None:
         calls.append("warmed up")
