@@ -11,6 +11,8 @@ passes them (16 q/k heads, 32 value heads). FlashInfer's first call compiles its
 time is reported apart.
 
     python3 -m bench.gdn_prefill            # prints one JSON line per shape, then a table
+    python3 -m bench.gdn_prefill --first-calls   # FlashInfer's compile times alone (run it twice: does a
+                                                 # second process compile again?)
 """
 
 from __future__ import annotations
@@ -154,10 +156,36 @@ def measure(shape: Shape, seed: int) -> dict[str, Any]:
     return result
 
 
+FIRST_CALL_SHAPES = (Shape("1x546", (546,)), Shape("4x256", (256,) * 4))
+"""One shape of each of FlashInfer's SM90 variants: a lone prompt takes the context-parallel one (one sequence × 32
+value heads is under half the 132 multiprocessors), four prompts the batched one (``_FullyFusedDeltaRuleSm90``)."""
+
+
+def first_calls(seed: int) -> list[dict[str, Any]]:
+    """FlashInfer's first and second call on each of :data:`FIRST_CALL_SHAPES`, in this process: the first compiles
+    that variant's CuTe-DSL kernels unless something kept them from an earlier process."""
+    results = []
+    for index, shape in enumerate(FIRST_CALL_SHAPES):
+        inputs = make_inputs(shape.lengths, seed + index)
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            run_flashinfer(inputs)
+            torch.cuda.synchronize()
+            times.append(round(time.perf_counter() - started, 3))
+        results.append({"shape": shape.name, "first_call_s": times[0], "second_call_s": times[1]})
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-calls", action="store_true", help="only time FlashInfer's first calls (compiles)")
     args = parser.parse_args()
+    if args.first_calls:
+        for result in first_calls(args.seed):
+            print(json.dumps(result), flush=True)
+        return
     results = []
     for index, shape in enumerate(shapes(args.seed)):
         result = measure(shape, args.seed + index)

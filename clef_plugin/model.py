@@ -36,7 +36,7 @@ from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
-from clef_plugin.compat import register_processed_images
+from clef_plugin.compat import register_processed_images, skip_router_gemm_warmup
 from clef_plugin.pooler import JointSchemaPooler
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         self.vocab_size = int(self.config.get_text_config().vocab_size)
         self._gathered_lm_head: torch.Tensor | None = None  # tensor parallelism only
         self.pooler = JointSchemaPooler(self.lexical_table)
+        skip_router_gemm_warmup(self)  # a dense backbone: no MoE router to warm up GEMMs for
 
     def lexical_table(self) -> torch.Tensor:
         """The full, unquantized [vocab, hidden] lm_head weight the head gathers option rows from."""
