@@ -31,11 +31,10 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: Units that start first, each on a worker of its own, so that none ends the run alone (``--no-loadscope-reorder``:
-#: the rest follow in collection order): the real cluster (mostly waiting), the GPU benchmark's CPU smoke run (the
-#: longest busy unit) and the session's CPU vLLM predictor (the model card's first start, then its tests), which
-#: otherwise comes near the end of collection order and ran last.
-FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py", "vllm-server")
+#: Units that start first, each on a worker of its own, so that neither ends the run alone
+#: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting) and the GPU
+#: benchmark's CPU smoke run (the longest busy unit).
+FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py")
 
 
 def group_of(path: str) -> str:
