@@ -95,7 +95,7 @@ def test_errors_cross_processes_unchanged(error: ServiceError) -> None:
 
 
 @pytest.mark.parametrize("release", ["tiny_release", "toy_release"])
-def test_workers_tokenize_as_the_engine_without_torch(release: str, request: pytest.FixtureRequest) -> None:
+def test_workers_tokenize_as_the_engine(release: str, request: pytest.FixtureRequest) -> None:
     """Qwen3.5's vocabulary, and the toy one the engine and server tests run on (its ``tokenizer.json`` must run
     Qwen3.5's text pipeline, which transformers rebuilds around any Qwen3.5 release's vocabulary)."""
     from transformers import AutoTokenizer
@@ -111,16 +111,20 @@ def test_workers_tokenize_as_the_engine_without_torch(release: str, request: pyt
 
     bodies = [*make_requests(16, 24), *make_extreme_requests(random.Random(16))]
 
-    def encoded(tokenizer: Any, request: Any, max_length: int) -> Any:
+    def encoded(tokenizer: Any, parsed: Any, max_length: int) -> Any:
         try:
-            return encode_request(tokenizer, request, max_length)
+            return encode_request(tokenizer, parsed, max_length)
         except SchemaTooLong as exc:
             return exc.required
 
     for body in bodies:
-        request = parse_request(body)
+        parsed = parse_request(body)
         for max_length in (MAX_MODEL_LEN, 1 << 20):  # cut states too
-            assert encoded(worker_tokenizer, request, max_length) == encoded(engine_tokenizer, request, max_length)
+            assert encoded(worker_tokenizer, parsed, max_length) == encoded(engine_tokenizer, parsed, max_length)
+
+
+def test_the_workers_module_imports_no_engine_code() -> None:
+    """An encode worker imports :mod:`predictor.serving.prepare` and holds no torch, transformers or vLLM."""
     imported = subprocess.run(
         [
             sys.executable,
