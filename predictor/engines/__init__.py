@@ -115,7 +115,9 @@ def with_cpu_kv_cache(engine_args: AsyncEngineArgs, model_dir: Path) -> AsyncEng
     if engine_args.gpu_memory_utilization != AsyncEngineArgs.gpu_memory_utilization:
         check_vllm_cpu_memory(engine_args.gpu_memory_utilization, None)
         return engine_args
-    layout = kv_layout(model_dir, str(engine_args.dtype), str(engine_args.kv_cache_dtype))
+    layout = kv_layout(
+        model_dir, str(engine_args.dtype), str(engine_args.kv_cache_dtype), str(engine_args.mamba_ssm_cache_dtype)
+    )
     size = default_kv_cache_bytes(
         layout,
         max_model_len=int(engine_args.max_model_len),

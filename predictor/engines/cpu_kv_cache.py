@@ -29,9 +29,6 @@ KV_SHARE_OF_FREE = 0.5
 activations and for the machine's other programs."""
 BLOCK_ALIGNMENT = 128
 """Tokens an attention block is rounded up to on the CPU (vLLM's CPU block size)."""
-SSM_STATE_BYTES = 4
-"""Bytes per element of the DeltaNet recurrent state: vLLM's CPU engine keeps it in float32 unless the CPU
-has BF16 instructions (then 2; the estimate stays on the safe side)."""
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
@@ -63,11 +60,31 @@ class KvLayout:
         return pages * self.page_bytes
 
 
-def kv_layout(model_dir: Path, dtype: str, kv_cache_dtype: str) -> KvLayout:
-    """The cache layout of the release's text model for the engine's ``dtype`` and ``kv_cache_dtype``."""
+def recurrent_state_bytes(model_bytes: int, ssm_cache_dtype: str, avx512_bf16: bool) -> int:
+    """Bytes per element of the DeltaNet recurrent state in vLLM's CPU engine (0.32,
+    ``CpuPlatform.check_and_update_config``): on a CPU with AVX-512 BF16 instructions its accelerated GDN path
+    keeps the state in float32 unless ``--mamba-ssm-cache-dtype`` names a 16-bit type; elsewhere ``auto`` is the
+    model's dtype."""
+    if ssm_cache_dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[ssm_cache_dtype]
+    return DTYPE_BYTES["float32"] if avx512_bf16 else model_bytes
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX-512 BF16 instructions, asked as vLLM's CPU platform asks (torch's private
+    ``torch.cpu._is_avx512_bf16_supported``; tests/predictor/test_cpu_kv_cache.py pins it)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def kv_layout(model_dir: Path, dtype: str, kv_cache_dtype: str, ssm_cache_dtype: str = "auto") -> KvLayout:
+    """The cache layout of the release's text model for the engine's ``dtype``, ``kv_cache_dtype`` and
+    ``mamba_ssm_cache_dtype`` on this CPU."""
     config = json.loads((model_dir / "config.json").read_text())
     text = config.get("text_config", config)
     model_bytes = DTYPE_BYTES.get(dtype, DTYPE_BYTES.get(str(text.get("dtype", "bfloat16")), 2))
+    state_bytes = recurrent_state_bytes(model_bytes, ssm_cache_dtype, cpu_has_avx512_bf16())
     kv_bytes = 1 if kv_cache_dtype.startswith("fp8") else model_bytes
     layer_types = text["layer_types"]
     conv_channels = (
@@ -80,7 +97,7 @@ def kv_layout(model_dir: Path, dtype: str, kv_cache_dtype: str) -> KvLayout:
         delta_net_layers=layer_types.count("linear_attention"),
         attention_bytes_per_token=2 * text["num_key_value_heads"] * text["head_dim"] * kv_bytes,
         delta_net_state_bytes=conv_channels * (text["linear_conv_kernel_dim"] - 1) * model_bytes
-        + recurrent * SSM_STATE_BYTES,
+        + recurrent * state_bytes,
     )
 
 

@@ -1,8 +1,9 @@
 """Everything the predictor uses of KServe's, uvicorn's and argparse's internals, named here, in one place.
 
 ``tests/predictor/test_compat.py`` pins each use to the versions it was checked against
-(:data:`CHECKED_VERSIONS`): an upgrade of one of them fails that test loudly, naming what to re-check here
-and in the modules listed beside each name, before anything misbehaves at run time.
+(:data:`CHECKED_VERSIONS`, the release series the ``serve`` extra allows): an upgrade of one of them fails that test
+loudly, naming what to re-check here and in the modules listed beside each name, before anything misbehaves at run
+time.
 
 - argparse: a parser's actions and option table (``_actions``, ``_option_string_actions``) and
   ``_add_action``, to offer KServe's model-server flags with dashes too (:func:`predictor.cli.add_kserve_args`;
@@ -33,8 +34,9 @@ if TYPE_CHECKING:
     from kserve.protocol.grpc.server import GRPCServer
     from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
-CHECKED_VERSIONS = {"kserve": "0.21.0", "uvicorn": "0.54.0", "h11": "0.16.0"}
-"""The versions whose internals the names below were read from (a different one must be re-checked)."""
+CHECKED_VERSIONS = {"kserve": "0.21", "uvicorn": "0.54", "h11": "0.16"}
+"""The release series whose internals the names below were read from (another must be re-checked); the ``serve``
+extra in pyproject.toml holds installs to them."""
 H11_PROTOCOL_ATTRIBUTES = ("app", "conn", "cycle", "connections", "tasks", "transport", "loop")
 GRPC_SERVER_ATTRIBUTES = ("_port", "_data_plane", "_model_repository_extension", "_server")
 MODEL_SERVER_ATTRIBUTES = ("_rest_server", "_grpc_server")

@@ -18,6 +18,9 @@ from kserve.model_server import ModelServer
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.version import Version
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.http import compat
@@ -26,10 +29,23 @@ from predictor.http import compat
 @pytest.mark.parametrize("package", sorted(compat.CHECKED_VERSIONS))
 def test_installed_versions_are_the_checked_ones(package: str) -> None:
     installed = importlib.metadata.version(package)
-    assert installed == compat.CHECKED_VERSIONS[package], (
-        f"{package} {installed} is installed but predictor.http.compat was checked against "
-        f"{compat.CHECKED_VERSIONS[package]}: re-check every internal listed there, then update CHECKED_VERSIONS"
+    assert Version(installed).release[:2] == Version(compat.CHECKED_VERSIONS[package]).release, (
+        f"{package} {installed} is installed but predictor.http.compat was checked against the "
+        f"{compat.CHECKED_VERSIONS[package]} series: re-check every internal listed there, then update "
+        "CHECKED_VERSIONS and the serve extra's bounds"
     )
+
+
+@pytest.mark.parametrize("package", sorted(compat.CHECKED_VERSIONS))
+def test_the_serve_extra_allows_the_checked_series_only(package: str) -> None:
+    """A user's ``pip install clef-serving[serve]`` gets the internals this module was checked against."""
+    requirements = [Requirement(text) for text in importlib.metadata.requires("clef-serving") or []]
+    (served,) = [item for item in requirements if item.name == package and item.marker == Marker('extra == "serve"')]
+    major, minor = Version(compat.CHECKED_VERSIONS[package]).release
+    allowed = [f"{major}.{minor}.0", f"{major}.{minor}.99"]
+    refused = [f"{major}.{minor + 1}.0", f"{major}.{minor - 1}.99"]
+    assert all(served.specifier.contains(version) for version in allowed), served
+    assert not any(served.specifier.contains(version) for version in refused), served
 
 
 def test_kserve_model_is_still_a_base_kserve_model() -> None:

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from clef_tools.fullsize import FULL_TEXT
+from predictor.engines import cpu_kv_cache
 from predictor.engines.cpu_kv_cache import (
     KV_SHARE_OF_FREE,
     KvLayout,
     default_kv_cache_bytes,
     kv_layout,
+    recurrent_state_bytes,
 )
 from predictor.engines.memory import GIB, InsufficientMemory
 
@@ -30,9 +32,38 @@ def _full_size_release(tiny_release: Path, tmp_path: Path) -> Path:
     return release
 
 
+@pytest.fixture(params=[True, False], ids=["avx512-bf16", "no-avx512-bf16"])
+def avx512_bf16(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both kinds of CPU, whichever this one is (the CLI test checks this machine's against vLLM's own log)."""
+    monkeypatch.setattr(cpu_kv_cache, "cpu_has_avx512_bf16", lambda: request.param)
+    return bool(request.param)
+
+
+def test_the_cpu_is_asked_as_vllm_asks() -> None:
+    """vLLM's CPU platform decides the state's dtype with torch's private AVX-512 BF16 probe; so does the
+    predictor. An upgrade that renames either fails here, before a cache is sized wrongly."""
+    import inspect
+
+    import torch
+    from vllm.platforms import cpu
+
+    assert "torch.cpu._is_avx512_bf16_supported()" in inspect.getsource(cpu.CpuPlatform.check_and_update_config)
+    assert cpu_kv_cache.cpu_has_avx512_bf16() is bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def test_the_recurrent_state_dtype_follows_vllms_cpu_rule() -> None:
+    assert recurrent_state_bytes(2, "auto", avx512_bf16=True) == 4  # the accelerated GDN path resets it to FP32
+    assert recurrent_state_bytes(2, "auto", avx512_bf16=False) == 2  # the model's dtype
+    assert recurrent_state_bytes(2, "float32", avx512_bf16=False) == 4
+    assert recurrent_state_bytes(2, "bfloat16", avx512_bf16=True) == 2
+
+
 @pytest.mark.parametrize("scale", ["tiny", "full"])
-def test_the_delta_net_state_is_the_one_vllm_allocates(scale: str, tiny_release: Path, tmp_path: Path) -> None:
-    """Bytes per DeltaNet layer and sequence: vLLM's own state shapes, conv in BF16, recurrent state in FP32."""
+def test_the_delta_net_state_is_the_one_vllm_allocates(
+    scale: str, avx512_bf16: bool, tiny_release: Path, tmp_path: Path
+) -> None:
+    """Bytes per DeltaNet layer and sequence: vLLM's own state shapes, conv in BF16, the recurrent state in FP32
+    on AVX-512 BF16 CPUs, else BF16."""
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
 
     release = tiny_release if scale == "tiny" else _full_size_release(tiny_release, tmp_path)
@@ -42,21 +73,28 @@ def test_the_delta_net_state_is_the_one_vllm_allocates(scale: str, tiny_release:
         text["linear_value_head_dim"], text["linear_conv_kernel_dim"],
     )  # fmt: skip
     layout = kv_layout(release, "bfloat16", "auto")
-    assert layout.delta_net_state_bytes == math.prod(conv) * 2 + math.prod(recurrent) * 4
+    assert layout.delta_net_state_bytes == math.prod(conv) * 2 + math.prod(recurrent) * (4 if avx512_bf16 else 2)
     assert layout.attention_bytes_per_token == 2 * text["num_key_value_heads"] * text["head_dim"] * 2
     assert (layout.attention_layers, layout.delta_net_layers) == ((1, 3) if scale == "tiny" else (8, 24))
     assert kv_layout(release, "bfloat16", "fp8").attention_bytes_per_token * 2 == layout.attention_bytes_per_token
 
 
-def test_blocks_and_pages_follow_vllms_layout(tiny_release: Path, tmp_path: Path) -> None:
-    """The tiny release: vLLM logs 'Setting attention block size to 384 tokens' (checked by the CLI test too)."""
+def test_blocks_and_pages_follow_vllms_layout(avx512_bf16: bool, tiny_release: Path, tmp_path: Path) -> None:
+    """The tiny release: vLLM logs 'Setting attention block size to 384 tokens' on an AVX-512 BF16 CPU, 256
+    elsewhere (the CLI test checks this machine's)."""
     tiny = kv_layout(tiny_release, "bfloat16", "auto")
-    assert tiny.block_tokens == 384 and tiny.page_bytes == 384 * 256 >= tiny.delta_net_state_bytes
-    assert tiny.sequence_bytes(384) == (1 + 3) * tiny.page_bytes
-    assert tiny.sequence_bytes(385) == (2 + 3) * tiny.page_bytes
+    block = 384 if avx512_bf16 else 256
+    assert tiny.block_tokens == block and tiny.page_bytes == block * 256 >= tiny.delta_net_state_bytes
+    assert tiny.sequence_bytes(block) == (1 + 3) * tiny.page_bytes
+    assert tiny.sequence_bytes(block + 1) == (2 + 3) * tiny.page_bytes
     full = kv_layout(_full_size_release(tiny_release, tmp_path), "bfloat16", "auto")
-    assert full.block_tokens == 640  # a 2.05 MiB DeltaNet state = 524 tokens of 4 KiB, rounded up to 128
-    assert 572 * MIB < full.sequence_bytes(16384) < 590 * MIB  # 16384 x 32 KiB + 24 states of 2.05 MiB, padded
+    if avx512_bf16:
+        assert full.block_tokens == 640  # a 2.05 MiB DeltaNet state = 524 tokens of 4 KiB, rounded up to 128
+        assert 572 * MIB < full.sequence_bytes(16384) < 590 * MIB  # 16384 x 32 KiB + 24 states of 2.05 MiB, padded
+    else:
+        assert full.block_tokens == 384  # a 1.05 MiB state = 268 tokens of 4 KiB, rounded up to 128
+        assert 548 * MIB < full.sequence_bytes(16384) < 560 * MIB
+    assert kv_layout(tiny_release, "bfloat16", "auto", "float32").block_tokens == 384
 
 
 TINY = KvLayout(attention_layers=1, delta_net_layers=3, attention_bytes_per_token=256, delta_net_state_bytes=68608)
@@ -114,9 +152,8 @@ def test_explicit_cache_settings_win(
     chosen = with_cpu_kv_cache(given, tiny_release)
     if sized:
         assert given.kv_cache_memory_bytes is None
-        assert chosen.kv_cache_memory_bytes == 128 * kv_layout(tiny_release, "bfloat16", "auto").sequence_bytes(512) + (
-            4 * 384 * 256
-        )
+        layout = kv_layout(tiny_release, "bfloat16", "auto")
+        assert chosen.kv_cache_memory_bytes == 128 * layout.sequence_bytes(512) + 4 * layout.page_bytes
     else:
         assert chosen == given
 
