@@ -1,7 +1,8 @@
 """A predictor on the vLLM engine started with ``--vision`` (CPU, tiny release with a random vision tower): JSON
 ``assets``, ``images`` and ``videos`` are answered as the original release code answers the same record, within
 the tolerance used for vLLM against the reference (same choices, probabilities within 0.02), and the text-only
-path still answers."""
+path still answers. Last, its engine core (a process of its own, as served) is killed: the predictor ends with
+code 3 within 5 s."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import time
+
 import httpx
+import psutil
 import pytest
 import torch
 
+from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE
 from tests.plugin.conftest import LARGEST_TEST_MEDIA, TOLERANCE
 from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
 from tests.predictor.test_server_vision import (
@@ -49,7 +54,8 @@ def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predicto
         json.dumps(LARGEST_TEST_MEDIA),
     )
     yield running
-    assert stop(running) == 0, running.log()[-3000:]
+    if running.process.returncode is None:  # else the last test ended it, and checked how
+        assert stop(running) == 0, running.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +137,25 @@ def test_text_only_requests_still_answer(server: Predictor, original: Any, refer
     response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
     assert response.status_code == 200, response.text
     _assert_close(response.json(), _original_answer(original, reference, "Parcel arrived; label attached.", []))
+
+
+def test_killing_the_engine_core_ends_the_process(server: Predictor) -> None:
+    """Runs last: it ends the module's server."""
+    family = psutil.Process(server.process.pid).children(recursive=True)
+    try:
+        (core,) = [
+            child for child in family if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name()
+        ]
+        killed = time.monotonic()
+        core.kill()
+        code = server.process.wait(timeout=5)
+        elapsed = time.monotonic() - killed
+    finally:
+        stop(server)
+        for process in family:  # the engine core's own workers, orphaned by the kill
+            if process.is_running():
+                process.kill()
+    assert code == ENGINE_DEAD_EXIT_CODE, server.log()[-3000:]
+    assert elapsed < 5
+    log = server.log()
+    assert log.count("engine died:") == 1 and "exiting with code 3" in log

@@ -22,23 +22,28 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
 # variant-vs-plain pairings in test_gpu_benchmark_units.py. The vision case is not here: its engine (vision tower
 # loaded, multimodal profiling at start) and its four image sets would add minutes to a run that is already the suite's
 # slowest; its parts that need no engine (images, names, figures, the ratio to the text case, the table) are tested
-# in test_gpu_benchmark_units.py.
-SMOKE_CASES = "prepare,transformers,head,vllm-stock-bf16-eager+seqs2,vllm-fp8-eager,http"
+# in test_gpu_benchmark_units.py. Sizes are the smallest that still reach every code path (CPU FP8 vLLM runs ~100
+# prompt tokens/s here): 4 records, prompts up to 512 tokens, and the http case as a variant (http+lean) whose
+# predictor warms up batches of at most 4 prompts (--max-batch 4) instead of 16, so --http-args reaches a predictor.
+SMOKE_CASES = "prepare,transformers,head,vllm-stock-bf16-eager+seqs2,vllm-fp8-eager,http+lean"
+RECORDS = 4
 SMOKE_FLAGS = (
     "--variant",
     'seqs2={"max_num_seqs": 2}',
+    "--http-args",
+    "lean=--max-batch 4",
     "--http-mode",
     "eager",
     "--http-clients",
     "1,2",
     "--http-requests",
-    "8",
-    "--http-single-requests",
     "4",
+    "--http-single-requests",
+    "2",
     "--http-repeat-fractions",
     "0,0.5",
     "--http-repeat-clients",
-    "2",
+    "1",
 )
 
 
@@ -74,8 +79,10 @@ def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path, 
         "tiny",
         "--bf16",
         str(toy_release_fp8_layout),
+        "--max-model-len",
+        "512",
         "--records",
-        "8",
+        str(RECORDS),
         "--tokens",
         "192",
         "--latency-records",
@@ -106,9 +113,9 @@ def test_smoke_run_succeeds(smoke: Smoke) -> None:
 
 def test_smoke_transformers_and_head(smoke: Smoke) -> None:
     records = smoke.summary["prepare"]["records"]
-    assert records["count"] == 8 and records["mean_questions"] >= 1
+    assert records["count"] == RECORDS and records["mean_questions"] >= 1
     transformers = smoke.case("transformers")
-    assert transformers["records"] == 8 and transformers["prompt_tokens_per_s"] > 0
+    assert transformers["records"] == RECORDS and transformers["prompt_tokens_per_s"] > 0
     # Steady state (the headline: median of the repeats) beside the first pass and the backbone alone.
     spread = transformers["prompt_tokens_per_s_spread"]
     assert (
@@ -136,7 +143,7 @@ def test_smoke_stock_vllm_case_runs_without_the_plugin(smoke: Smoke) -> None:
     engine arguments reach the engine and its report."""
     stock = smoke.case("vllm-stock-bf16-eager+seqs2")
     assert stock["plugin"] is False and stock["architecture"] == "Qwen3_5ForConditionalGeneration"
-    assert stock["records"] == 8 and stock["repeats"] == 2 and stock["single_record_ms"]["count"] == 2
+    assert stock["records"] == RECORDS and stock["repeats"] == 2 and stock["single_record_ms"]["count"] == 2
     assert stock["output_shape"] == [128]  # one hidden-size vector per record (the tiny release's hidden size)
     assert stock["max_num_seqs"] == 2 and smoke.case("vllm-fp8-eager")["max_num_seqs"] != 2
     assert (smoke.work / "results" / "vllm-stock-bf16-eager+seqs2.json").is_file()
@@ -144,18 +151,20 @@ def test_smoke_stock_vllm_case_runs_without_the_plugin(smoke: Smoke) -> None:
 
 
 def test_smoke_http_case_with_repeated_requests(smoke: Smoke) -> None:
-    """The http case end to end on CPU vLLM: the predictor started as on the GPU, its loads through the load
-    tool's client, and the repeated-request loads with the answer cache's counts."""
-    http = smoke.case("http")
+    """The http case end to end on CPU vLLM: the predictor started as on the GPU (with a variant's extra
+    argument: warm-up batches of at most 4 prompts), its loads through the load tool's client, and the
+    repeated-request loads with the answer cache's counts."""
+    http = smoke.case("http+lean")
     assert http["ready_s"] > 0 and http["mode"] == "eager"
-    assert [(load["clients"], load["requests"], load["errors"]) for load in http["loads"]] == [(1, 4, 0), (2, 8, 0)]
+    assert http["command"].endswith("--max-model-len 512 --gpu-memory-utilization 0.85 --enforce-eager --max-batch 4")
+    assert [(load["clients"], load["requests"], load["errors"]) for load in http["loads"]] == [(1, 2, 0), (2, 8, 0)]
     assert all(
         load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"]
         for load in http["loads"]
     )
     unique, repeated = http["repeat_loads"]
     assert (unique["repeat_fraction"], repeated["repeat_fraction"]) == (0.0, 0.5)
-    assert unique["errors"] == repeated["errors"] == 0 and unique["requests"] == repeated["requests"] == 8
+    assert unique["errors"] == repeated["errors"] == 0 and unique["requests"] == repeated["requests"] == 4
     # counts include each load's warm-up, which sends the same request indices first
     assert unique["answer_cache"].get("hit", 0) == unique["answer_cache"].get("merged", 0) == 0
     assert repeated["answer_cache"].get("hit", 0) + repeated["answer_cache"].get("merged", 0) > 0
@@ -163,10 +172,10 @@ def test_smoke_http_case_with_repeated_requests(smoke: Smoke) -> None:
 
 def test_smoke_with_vllm_reports_fp8_agreement(smoke: Smoke) -> None:
     result = smoke.case("vllm-fp8-eager")
-    assert result["records"] == 8 and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
+    assert result["records"] == RECORDS and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
     assert result["mode"] == "eager" and result["plugin"] is True and result["repeats"] == 2
     assert (smoke.work / "results" / "vllm-fp8-eager.json").is_file()
     assert (smoke.work / "logits-vllm-fp8-eager.pt").is_file()
     agreement = smoke.summary["agreement"]["transformers vs vllm-fp8-eager"]  # the BF16 release's logits vs FP8's
-    assert agreement["questions"] >= 8 and 0 <= agreement["mean_kl"] < 1e-2
+    assert agreement["questions"] >= RECORDS and 0 <= agreement["mean_kl"] < 1e-2
     assert set(smoke.summary["agreement"]) == {"transformers vs vllm-fp8-eager"}
