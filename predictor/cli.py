@@ -18,7 +18,7 @@ from clef_head.checkpoint import is_random_release
 from clef_plugin.api import PluginSettingConflict
 from predictor.config import config_from_args
 from predictor.demo import RANDOM_WARNING, demo_release
-from predictor.engines import ENGINE_CHOICES, build_engine, vllm_can_serve
+from predictor.engines import ENGINE_CHOICES, build_engine, visible_gpus, vllm_can_serve
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
 from predictor.http.api_args import add_api_args, api_keys, build_server, check_api_args, install_api, register_aliases
@@ -178,10 +178,8 @@ def configure_logging(args: argparse.Namespace) -> None:
 
 
 def gpu_count() -> int:
-    """GPUs this process sees."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """GPUs this process sees (counted without initialising CUDA: :func:`predictor.engines.visible_gpus`)."""
+    return visible_gpus()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,26 @@ TORCH_DTYPES = {
     "float": torch.float32,
 }
 
-__all__ = ["ENGINE_CHOICES", "Engine", "EngineConfig", "EngineDead", "build_engine", "choose_engine", "vllm_can_serve"]
+__all__ = [
+    "ENGINE_CHOICES",
+    "Engine",
+    "EngineConfig",
+    "EngineDead",
+    "build_engine",
+    "choose_engine",
+    "visible_gpus",
+    "vllm_can_serve",
+]
+
+
+def visible_gpus() -> int:
+    """GPUs this process sees, counted without initialising CUDA here (torch counts them through NVML).
+
+    ``torch.cuda.is_available()`` would initialise the CUDA driver (``cudaGetDeviceCount``), after which a forked
+    child cannot use CUDA, and vLLM forks its engine core from this process when CUDA is not initialised here
+    (``clef_plugin.compat.cuda_left_uninitialised``).
+    """
+    return torch.cuda.device_count()
 
 
 def _plugin_ready() -> bool:
@@ -57,7 +76,7 @@ def choose_engine(requested: str, vllm_available: bool | None = None, gpu_count:
     if vllm_available is None:
         vllm_available = importlib.util.find_spec("vllm") is not None and _plugin_ready()
     if gpu_count is None:
-        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpu_count = visible_gpus()
     if not vllm_available:
         return "transformers", "vLLM (with the clef plugin) is not installed"
     if gpu_count:
@@ -146,7 +165,7 @@ def build_engine(config: EngineConfig) -> Engine:
         from predictor.engines.engine_args import vllm_engine_args
         from predictor.engines.vllm import VllmEngine
 
-        on_gpu = torch.cuda.is_available()
+        on_gpu = visible_gpus() > 0
         engine_args = vllm_engine_args(config, on_gpu=on_gpu)
         if not on_gpu:
             engine_args = with_cpu_kv_cache(engine_args, config.release_dir)

@@ -380,6 +380,24 @@ def test_without_vllm_the_parser_has_the_transformers_engine_flags(monkeypatch: 
         parser.parse_args(["--tensor-parallel-size", "2"])
 
 
+def test_gpus_are_counted_without_initialising_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.cuda.is_available()`` initialises the CUDA driver, after which vLLM's forked engine core could not use
+    CUDA; the predictor counts GPUs through ``torch.cuda.device_count()`` (NVML) only."""
+    import torch
+
+    from predictor import cli
+    from predictor.engines import visible_gpus
+
+    def initialises() -> bool:
+        raise AssertionError("torch.cuda.is_available() initialises the CUDA driver")
+
+    monkeypatch.setattr(torch.cuda, "is_available", initialises)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert visible_gpus() == 2 and cli.gpu_count() == 2
+    assert choose_engine("auto", vllm_available=True) == ("vllm", "vLLM is installed and 2 GPU(s) are visible")
+    assert cli.vllm_may_serve(["--engine", "auto"])
+
+
 def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -390,9 +408,8 @@ def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(
     assert not vllm_may_serve(["--engine", "transformers", "--http_port", "9000"])
     assert not vllm_may_serve(["--engine=transformers"])
     assert vllm_may_serve(["--engine", "vllm"]) and vllm_may_serve(["--engine", "transformers", "--help=predictor"])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert not vllm_may_serve([]) and not vllm_may_serve(["--engine", "auto"])  # auto is transformers on a CPU
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert vllm_may_serve([]) and vllm_may_serve(["--engine", "auto"])  # and vLLM with a GPU (vLLM is installed)
     parser = build_parser(["--engine", "transformers"])
