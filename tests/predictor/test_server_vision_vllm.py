@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import time
 
 import httpx
 import psutil
