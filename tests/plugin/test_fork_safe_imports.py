@@ -71,7 +71,7 @@ def cuda_machine(monkeypatch: pytest.MonkeyPatch) -> StandInDriverConfig:
     stand-in above (not created yet)."""
     from clef_plugin import compat
 
-    for name in ("is_available", "get_device_name", "get_device_capability", "current_device"):
+    for name in compat.DEVICE_PROBES:
         monkeypatch.setattr(torch.cuda, name, _reached(name))
     config = StandInDriverConfig()
     triton = types.ModuleType("triton")
