@@ -268,7 +268,7 @@ async def _owned(cluster: Cluster, path: str) -> bool:
 def operator_requests(emulator: ClusterEmulator) -> list[tuple[Grant, str | None]]:
     """Each request the operator sent (not the test's own client) as (grant it needs, namespace)."""
     found = []
-    for request in emulator:
+    for request in emulator.history:
         if request.headers.get("User-Agent", "").startswith("kmock/"):
             continue
         for grant in rbac_triples([request]):

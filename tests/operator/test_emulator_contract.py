@@ -10,6 +10,8 @@ import attrs
 import kmock
 from kmock._internal import enums, references, rendering
 
+from tests.operator.harness import NODES, Cluster
+
 KMOCK_VERSION = "0.8"  # the dev extra pins it exactly (pyproject.toml)
 
 
@@ -33,3 +35,15 @@ def test_the_emulator_methods_it_overrides_or_calls_exist() -> None:
 def test_the_emulator_state_it_reads_is_declared() -> None:
     fields = {field.name for field in attrs.fields(kmock.KubernetesEmulator)}
     assert {"_requests", "_objects", "_lock", "_buses"} <= fields
+
+
+async def test_kmock_dispatches_from_the_requests_in_flight_and_history_keeps_all(cluster: Cluster) -> None:
+    """kmock finds each request's reaction by scanning the root's requests (its iteration: ``_requests``); the
+    emulator leaves there only those in flight, so that scan stays short, and keeps every request in ``history``."""
+    await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    for _ in range(3):
+        await cluster.get(f"{NODES}/n1")
+    emulator = cluster.emulator
+    assert [str(r.method.value) for r in emulator.history] == ["POST", "GET", "GET", "GET"]
+    assert emulator._requests == [] and list(emulator) == []
+    assert emulator.served_requests()[-1] == ("GET", f"{NODES}/n1")

@@ -77,7 +77,7 @@ def operator_lists(cluster: Cluster) -> int:
     """InferenceService lists the operator sent: one per reconciliation pass."""
     return sum(
         1
-        for r in cluster.emulator._requests
+        for r in cluster.emulator.history
         if not r.headers.get("User-Agent", "").startswith("kmock/")
         and str(r.method.value) == "GET"
         and r.resource is not None

@@ -73,7 +73,7 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
         lists = [p for m, p in cluster.emulator.served_requests()[passes:] if m == "GET" and "inferenceservices" in p]
         posted = [
             (r.data or {}).get("reason")
-            for r in cluster.emulator._requests[passes:]
+            for r in cluster.emulator.history[passes:]
             if str(r.method.value) == "POST" and str(r.url.path).endswith("/events")
         ]
         print(f"steady state: {len(after)} writes over {len(lists)} InferenceService lists (passes): {Counter(posted)}")
