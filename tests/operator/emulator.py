@@ -42,7 +42,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     outage: bool = attrs.field(default=False, init=False)
     # Every request served, in arrival order. kmock keeps only the requests still in flight in its own list
     # (``_requests``): it finds a request's reaction by scanning that list once per reaction (a cost that grows
-    # with every request served: three quarters of a 50-pool run's CPU), and a request needs to be there only
+    # with every request served: 70 % of the 50-pool scale test's CPU), and a request needs to be there only
     # until its reaction is found.
     history: list[rendering.Request] = attrs.field(factory=list, init=False)
 
