@@ -177,11 +177,6 @@ def configure_logging(args: argparse.Namespace) -> None:
         logging.getLogger("uvicorn.access").disabled = True
 
 
-def gpu_count() -> int:
-    """GPUs this process sees (counted without initialising CUDA: :func:`predictor.engines.visible_gpus`)."""
-    return visible_gpus()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, build the model and serve it until SIGTERM/SIGINT."""
     argv = sys.argv[1:] if argv is None else argv
@@ -200,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     if random:
         for line in ("*" * 100, RANDOM_WARNING, "*" * 100):
             log.warning(line)
-    config = config_from_args(args, release_dir, random, gpu_count())
+    config = config_from_args(args, release_dir, random, visible_gpus())
     if (release_dir / TOKENIZER_FILE).is_file():  # else the engine's tokenizer measures it at load
         try:  # the shortest prompt, measured before any engine is built
             warmup_schema(ReleaseTokenizer(release_dir), config.engine.max_model_len)

@@ -393,7 +393,7 @@ def test_gpus_are_counted_without_initialising_cuda(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(torch.cuda, "is_available", initialises)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert visible_gpus() == 2 and cli.gpu_count() == 2
+    assert visible_gpus() == 2 and cli.visible_gpus is visible_gpus  # the count the command line passes on
     assert choose_engine("auto", vllm_available=True) == ("vllm", "vLLM is installed and 2 GPU(s) are visible")
     assert cli.vllm_may_serve(["--engine", "auto"])
 
