@@ -36,7 +36,7 @@ from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
-from clef_plugin.compat import register_processed_images, skip_router_gemm_warmup
+from clef_plugin.compat import register_processed_images, row_wise_fp8_on_cpu, skip_router_gemm_warmup
 from clef_plugin.pooler import JointSchemaPooler
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         """Build the backbone (language model only) and an empty pooler; the head loads with the weights."""
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("Clef does not support pipeline parallelism; use tensor parallelism")
+        row_wise_fp8_on_cpu()  # before the layers choose their FP8 kernels
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         model_config = vllm_config.model_config
         self.release_dir = release_dir(model_config.model, model_config.revision)

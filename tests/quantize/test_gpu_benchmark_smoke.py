@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # CPU vLLM engines and a predictor: minutes. The first test's timeout covers the shared run.
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 # Every case of the smoke tests in one invocation: the tiny releases and records are built once, and each test reads
 # its part of the one summary. The stock case runs as a variant (vllm-stock-bf16-eager+seqs2: max_num_seqs=2), so a
 # --variant reaches a real engine without an engine of its own. One plugin case per code path: a vllm-bf16-eager case
@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2900)]
 # variant-vs-plain pairings in test_gpu_benchmark_units.py. The vision case is not here: its engine (vision tower
 # loaded, multimodal profiling at start) and its four image sets would add minutes to a run that is already the suite's
 # slowest; its parts that need no engine (images, names, figures, the ratio to the text case, the table) are tested
-# in test_gpu_benchmark_units.py. Sizes are the smallest that still reach every code path (CPU FP8 vLLM runs ~100
-# prompt tokens/s here): 4 records, prompts up to 512 tokens, and the http case as a variant (http+lean) whose
+# in test_gpu_benchmark_units.py. Sizes are the smallest that still reach every code path (each engine start costs
+# more than its records): 4 records, prompts up to 512 tokens, and the http case as a variant (http+lean) whose
 # predictor warms up batches of at most 4 prompts (--max-batch 4) instead of 16, so --http-args reaches a predictor.
 SMOKE_CASES = "prepare,transformers,head,vllm-stock-bf16-eager+seqs2,vllm-fp8-eager,http+lean"
 RECORDS = 4
@@ -98,10 +98,10 @@ def smoke(tmp_path_factory: pytest.TempPathFactory, shared_compile_cache: Path, 
         "--cases",
         SMOKE_CASES,
         "--time-budget",
-        "2400",
+        "1200",
         *SMOKE_FLAGS,
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=2700)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1300)
     assert (work / "gpu_benchmark.json").is_file(), (done.stdout[-3000:], done.stderr[-3000:])
     return Smoke(work=work, summary=json.loads((work / "gpu_benchmark.json").read_text()), done=done)
 
