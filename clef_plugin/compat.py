@@ -419,13 +419,19 @@ def row_wise_fp8_on_cpu() -> type | None:
 
     if not current_platform.is_cpu():
         return None
-    from vllm.model_executor.kernels import linear
-    from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
-        ChannelWiseTorchFP8ScaledMMLinearKernel,
-        RowWiseTorchFP8ScaledMMLinearKernel,
-    )
-
-    kernels: list[type] = linear._POSSIBLE_FP8_KERNELS[PlatformEnum.CPU]
+    try:
+        from vllm.model_executor.kernels import linear
+        from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
+            ChannelWiseTorchFP8ScaledMMLinearKernel,
+            RowWiseTorchFP8ScaledMMLinearKernel,
+        )
+    except ImportError as exc:
+        logger.warning("vLLM's CPU FP8 kernels left as they are: %s", exc)
+        return None
+    kernels: list[type] | None = getattr(linear, "_POSSIBLE_FP8_KERNELS", {}).get(PlatformEnum.CPU)
+    if kernels is None:
+        logger.warning("vLLM's CPU FP8 kernels left as they are: vLLM %s has no CPU kernel list", vllm.__version__)
+        return None
     present = [kernel for kernel in kernels if getattr(kernel, "clef_cpu_row_wise", False)]
     if present:
         return present[0]

@@ -17,13 +17,15 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture
-def cpu_fp8_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[type]]:
-    """vLLM's CPU FP8 kernel list, restored after the test (the function edits it for the whole process)."""
+def cpu_fp8_kernels() -> Iterator[list[type]]:
+    """vLLM's own CPU FP8 kernel list (without the kernel an engine built earlier in this process added), restored
+    after the test (the function edits it for the whole process)."""
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 
     kernels: list[type] = linear._POSSIBLE_FP8_KERNELS[PlatformEnum.CPU]
     saved = list(kernels)
+    kernels[:] = [kernel for kernel in saved if not getattr(kernel, "clef_cpu_row_wise", False)]
     yield kernels
     kernels[:] = saved
 
