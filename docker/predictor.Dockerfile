@@ -21,6 +21,13 @@ RUN python3 -m pip list --format=freeze > /tmp/image-constraints.txt \
     && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt "/tmp/clef-serving[serve,vllm]" \
     && rm -rf /tmp/image-constraints.txt /tmp/clef-serving
 
+# Bytecode for every installed package: vLLM's Dockerfile installs vLLM and PyTorch with `uv pip install`, which writes
+# none unless asked, and the predictor runs as a user that cannot write it next to them, so each start would compile
+# torch, sympy, vLLM ... from source again (one H200 host: ready after 60.1 s without bytecode, 39.1-43.6 s with it;
+# BENCHMARKS.md, R19). A file this Python cannot compile (another version's test file) cannot be imported either, so
+# compile_dir's verdict on such files is not the build's.
+RUN python3 -c "import compileall, site; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]"
+
 # The operator's InferenceServices start the predictor as `python -m predictor`.
 RUN command -v python > /dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,30 @@ def test_predictor_image_is_the_supported_vllm() -> None:
     run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
     assert '"/tmp/clef-serving[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay
     assert "rm -rf" in run and "/tmp/clef-serving" in run  # imports come from the installed wheel, not sources
+
+
+def test_predictor_image_compiles_every_installed_package(tmp_path: Path) -> None:
+    """After the install and before the unprivileged user, the image writes bytecode for its site-packages (the user
+    cannot write it next to them at run time). The RUN's own command, run here over a folder standing in for them,
+    compiles what this Python can compile and does not fail on what it cannot."""
+    steps = instructions("predictor.Dockerfile")
+    runs = [index for index, (instr, args) in enumerate(steps) if instr == "RUN"]
+    install = next(index for index in runs if "/tmp/clef-serving[serve,vllm]" in steps[index][1])
+    user = next(index for index, (instr, _) in enumerate(steps) if instr == "USER")
+    compile_steps = [index for index in runs if "compileall" in steps[index][1]]
+    assert len(compile_steps) == 1 and install < compile_steps[0] < user, steps
+    command = re.fullmatch(r'python3 -c "([^"]+)"', steps[compile_steps[0]][1])
+    assert command is not None, steps[compile_steps[0]]
+    site_dir = tmp_path / "site-packages"
+    (site_dir / "pkg").mkdir(parents=True)
+    (site_dir / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (site_dir / "pkg" / "other_python.py").write_text("print 'another version'\n")
+    stand_in = f"import site; site.getsitepackages = lambda: [{str(site_dir)!r}]\n"
+    done = subprocess.run(
+        [sys.executable, "-c", stand_in + command.group(1)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert [path.name.split(".")[0] for path in (site_dir / "pkg" / "__pycache__").iterdir()] == ["__init__"]
 
 
 def test_predictor_entrypoint_is_what_the_operator_runs() -> None:
