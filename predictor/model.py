@@ -1,9 +1,10 @@
 """The KServe model: a thin ``kserve.Model`` over an engine, ready only after warm-up.
 
-``load()`` builds the engine; KServe then runs ``start_engine()`` beside its HTTP server, which
-starts the engine, warms it up and then watches it. The model's one state is its
-:class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is
-dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready`` answer 503.
+``load()`` builds the engine and launches the encode workers; KServe then runs ``start_engine()`` beside its HTTP
+server, which starts the engine, warms it up (while the workers' probes are checked) and then watches it. The
+model's one state is its :class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and
+once the engine is dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready``
+answer 503.
 
 ``predict`` serves KServe's V1 (``{"instances": [request, ...]}`` → ``{"predictions": [...]}``) and
 V2 (requests as JSON strings in one BYTES input → responses as JSON strings in one BYTES output).
@@ -110,6 +111,8 @@ class ClefModel(Model):
             self.service = build_service(
                 backend, self.card, self.lifecycle, self.options, self.limits, on_engine_failure=self.watchdog.poke
             )
+            # The engine (and vLLM's engine core) exists: the encode workers start now, beside the listeners.
+            self.service.preparer.launch(self.service.settings)
             self.backend = backend
             log.info(
                 "engine %s built in %.1fs; admission queue %d records",
@@ -127,9 +130,7 @@ class ClefModel(Model):
         assert self.backend is not None and self.watchdog is not None, "load() must run first"
         self.lifecycle.enter(Phase.WARMING_UP)
         await self.backend.start()
-        assert self.service is not None
-        await self.service.preparer.start(self.service.settings)
-        assert self.warmup is not None
+        assert self.service is not None and self.warmup is not None
         plan = warmup_plan(self.backend.max_length, self.options.warmup_max_batch, self.warmup.tokens)
         log.info(
             "warm-up started: %d shapes x %d round(s), prompts up to %d tokens; not ready until it ends",
@@ -140,6 +141,11 @@ class ClefModel(Model):
         warming_up = run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds)
         self._warming_up = asyncio.ensure_future(warming_up)
         try:
+            try:  # the encode workers' probes are checked while the engine warms up
+                await self.service.preparer.start(self.service.settings)
+            except BaseException:
+                self._warming_up.cancel()
+                raise
             seconds = await self._warming_up
         except (asyncio.CancelledError, EngineDead):
             if self.lifecycle.phase not in (Phase.DRAINING, Phase.STOPPED):

@@ -5,11 +5,12 @@ process's interpreter lock, which the event loop and the engine's output handlin
 Workers are started with ``spawn`` (the serving process holds threads and maybe CUDA: never ``fork``) and
 each loads the release's ``tokenizer.json`` once (:class:`predictor.serving.prepare.ReleaseTokenizer`: no torch,
 about 0.3 GB with the Qwen3.5 vocabulary); before the model is ready every worker encodes a probe body,
-which must match the engine tokenizer's prompt. A worker that dies fails the requests it held with 503 +
-Retry-After (``encoder_died``); the pool is rebuilt and later requests are answered. A worker whose job runs
-past :data:`JOB_DEADLINE_S` (a hang, not a slow body: an 8 MiB body, the default limit, takes about 0.5 s)
-ends itself, so a hung worker is handled as a dead one; the deadline counts from the job's start in the
-worker, not from its wait in the pool's queue.
+which must match the engine tokenizer's prompt. The model launches them once its engine is built
+(:meth:`EncodePool.launch`), so they start while the server opens its listeners and warms the engine up. A
+worker that dies fails the requests it held with 503 + Retry-After (``encoder_died``); the pool is rebuilt and
+later requests are answered. A worker whose job runs past :data:`JOB_DEADLINE_S` (a hang, not a slow body: an
+8 MiB body, the default limit, takes about 0.5 s) ends itself, so a hung worker is handled as a dead one; the
+deadline counts from the job's start in the worker, not from its wait in the pool's queue.
 
 On a server that reads images and videos, the probe carries a small image and a two-frame video too: the first
 image a process reads loads the release's processors (importing transformers and torch: seconds on a CPU, tens
@@ -26,7 +27,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from io import BytesIO
 from pathlib import Path
@@ -108,6 +109,9 @@ class InProcessPreparer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
+    def launch(self, settings: PrepareSettings) -> None:
+        """Nothing to start ahead: this process's tokenizer is the engine's."""
+
     async def start(self, settings: PrepareSettings) -> None:
         """On a server that reads media, load the release's processors (a probe body with an image and a video)."""
         if settings.vision is not None:
@@ -136,6 +140,8 @@ class EncodePool:
         self._context = multiprocessing.get_context("spawn")
         self._pool: ProcessPoolExecutor | None = None
         self._settings: PrepareSettings | None = None
+        self._probes: list[Future[tuple[int, list[int]]]] = []
+        self._launched = 0.0
         self._closed = False
 
     def _new_pool(self) -> ProcessPoolExecutor:
@@ -146,29 +152,40 @@ class EncodePool:
             initargs=(str(self.release_dir), self.job_deadline_s),
         )
 
-    async def start(self, settings: PrepareSettings) -> None:
-        """Start every worker and wait until each has loaded the tokenizer and encodes as the engine does."""
+    def launch(self, settings: PrepareSettings) -> None:
+        """Spawn every worker and send each its probe, without waiting: the workers load the tokenizer while the
+        server starts its listeners and warms the engine up (:meth:`start` waits for them)."""
         self._settings = settings
-        started = time.perf_counter()
+        self._launched = time.perf_counter()
         self._pool = self._new_pool()
-        await self._check_workers(self._pool)
+        self._probes = self._submit_probes(self._pool)
+
+    async def start(self, settings: PrepareSettings) -> None:
+        """Start every worker (unless :meth:`launch` did) and wait until each has loaded the tokenizer and encodes
+        as the engine does."""
+        if self._pool is None:
+            self.launch(settings)
+        assert self._pool is not None
+        probes, self._probes = self._probes, []
+        await self._check_probes(probes)
         log.info(
             "%d encode worker process(es) started in %.1fs (--encode-processes)",
             self.processes,
-            time.perf_counter() - started,
+            time.perf_counter() - self._launched,
         )
 
-    async def _check_workers(self, pool: ProcessPoolExecutor) -> None:
-        """Submit one probe per worker at once (the pool spawns a process per waiting task) and compare prompts."""
+    def _submit_probes(self, pool: ProcessPoolExecutor) -> list[Future[tuple[int, list[int]]]]:
+        """One probe per worker at once (the pool spawns a process per waiting task)."""
         assert self._settings is not None
         settings, body = probe_settings(self._settings), probe_body(self._settings)
-        loop = asyncio.get_running_loop()
-        probes = [
-            loop.run_in_executor(pool, prepare.run_in_worker, prepare.worker_probe, settings, body)
-            for _ in range(self.processes)
-        ]
+        return [pool.submit(prepare.run_in_worker, prepare.worker_probe, settings, body) for _ in range(self.processes)]
+
+    async def _check_probes(self, probes: list[Future[tuple[int, list[int]]]]) -> None:
+        """Compare each worker's prompt of the probe with the engine tokenizer's."""
+        assert self._settings is not None
+        settings, body = probe_settings(self._settings), probe_body(self._settings)
         expected = (await asyncio.to_thread(prepare.prepare, self.engine_tokenizer, settings, body))[1].input_ids
-        for _pid, input_ids in await asyncio.gather(*probes):
+        for _pid, input_ids in await asyncio.gather(*(asyncio.wrap_future(probe) for probe in probes)):
             if input_ids != expected:
                 raise RuntimeError(
                     f"an encode worker's tokenizer (from {self.release_dir}) encodes differently from the engine's"
@@ -205,7 +222,7 @@ class EncodePool:
         log.error("an encode worker process died; starting %d new one(s)", self.processes)
         broken.shutdown(wait=False, cancel_futures=True)
         self._pool = self._new_pool()
-        task = asyncio.get_running_loop().create_task(self._check_workers(self._pool))
+        task = asyncio.get_running_loop().create_task(self._check_probes(self._submit_probes(self._pool)))
         task.add_done_callback(_log_failure)
 
     def close(self) -> None:

@@ -130,6 +130,22 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+def encode_workers(server_pid: int) -> list[int]:
+    """Process ids of the encode workers (spawned children) of process ``server_pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == server_pid and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def stop(server: Predictor, timeout: float = 60) -> int:
     """SIGTERM the server and wait for it to exit; return its exit code."""
     return stop_process(server.process, timeout)

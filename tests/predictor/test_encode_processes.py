@@ -34,7 +34,15 @@ from predictor.core.errors import (
 from predictor.http.api_args import SDK_DEFAULT_MODEL, encode_processes, resolve_encode_processes
 from predictor.http.errors import from_service_error
 from predictor.serving.encode_pool import auto_encode_processes
-from tests.predictor.conftest import MODEL_NAME, Predictor, distinct_requests, simple_request, start_predictor, stop
+from tests.predictor.conftest import (
+    MODEL_NAME,
+    Predictor,
+    distinct_requests,
+    encode_workers,
+    simple_request,
+    start_predictor,
+    stop,
+)
 
 MAX_MODEL_LEN = 512
 PROCESSES = 2
@@ -274,22 +282,6 @@ def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predicto
 def client(server: Predictor) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=300) as http:
         yield http
-
-
-def encode_workers(server_pid: int) -> list[int]:
-    """Process ids of the server's encode workers (spawned children)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == server_pid and b"spawn_main" in command:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def test_workers_start_before_ready(server: Predictor) -> None:

@@ -25,7 +25,7 @@ from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, Lifecycle, Phase
 from predictor.serving.options import ServingOptions
 from predictor.serving.service import ModelCard, SystemOneService
 from predictor.serving.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
-from tests.predictor.conftest import MODEL_NAME, simple_request
+from tests.predictor.conftest import MODEL_NAME, encode_workers, simple_request
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
 
@@ -303,6 +303,72 @@ def test_the_warm_up_uses_the_fullest_schema_that_fits_and_refuses_a_length_no_r
     with pytest.raises(WarmupDoesNotFit):
         ClefModel(CARD, lambda: too_short, options=ServingOptions()).load()
     assert too_short.closed and too_short.calls == 0
+
+
+def _pool_model(engine: FakeEngine, release_dir: Path) -> ClefModel:
+    options = ServingOptions(warmup_max_batch=1, encode_processes=2, release_dir=release_dir)
+    return ClefModel(CARD, lambda: engine, options=options, exit_process=lambda code: None)
+
+
+def test_encode_workers_start_when_the_engine_is_built_and_ready_waits_for_their_probes(
+    tokenizer: Any, toy_release: Path
+) -> None:
+    """``load()`` spawns the workers, so they load the tokenizer while the listeners open and the engine warms up;
+    the model is ready once the warm-up has ended and every worker's probe matched the engine's prompt."""
+    engine = FakeEngine(tokenizer)
+    model = _pool_model(engine, toy_release)
+    before = set(encode_workers(os.getpid()))
+    model.load()
+    launched = set(encode_workers(os.getpid())) - before
+    assert len(launched) == 2 and engine.calls == 0  # spawned at load, before start_engine
+
+    async def scenario() -> None:
+        engine.gate.clear()
+        watching = asyncio.create_task(model.start_engine())
+        while not engine.calls:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not model.lifecycle.ready  # the warm-up is held
+        engine.gate.set()
+        await asyncio.wait_for(_until_ready(model), 60)
+        model.stop_engine()
+        await asyncio.wait_for(watching, 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        model.stop_engine()
+    assert not set(encode_workers(os.getpid())) & launched
+
+
+def test_a_worker_that_encodes_otherwise_fails_the_start_and_stops_the_warm_up(
+    tokenizer: Any, tiny_release: Path
+) -> None:
+    """Workers with another release's tokenizer: start_engine raises before the model is ready, and the warm-up
+    it started beside the probes is cancelled, not left running."""
+    engine = FakeEngine(tokenizer)
+    model = _pool_model(engine, tiny_release)  # Qwen3.5's vocabulary; the engine has the toy one
+    model.load()
+
+    async def scenario() -> None:
+        engine.gate.clear()  # the warm-up waits until the probes have been compared
+        with pytest.raises(RuntimeError, match="encodes differently from the engine's"):
+            await asyncio.wait_for(model.start_engine(), 60)
+        held = engine.calls
+        engine.gate.set()  # a warm-up still running would go on to its next shapes now
+        await asyncio.sleep(0.3)
+        assert held >= 1 and engine.calls == held
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        model.stop_engine()
+    assert not model.lifecycle.ready
+
+
+async def _until_ready(model: ClefModel) -> None:
+    while not model.lifecycle.ready:
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("engine_on_shutdown", ["never answers", "raises EngineDead"])
