@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,15 @@ MAX_MEAN_KL = 2e-3
 MAX_PROBABILITY_DIFF = 0.1
 MIN_TOP1 = 0.75
 AGREEMENT_RECORDS = 12
+
+
+@pytest.fixture(scope="module", autouse=True)
+def eager_fp4_rounding() -> Iterator[None]:
+    """compressed-tensors rounds to FP4 in a ``torch.compile``d function; on the CPU its first calls build C++ with
+    Inductor (about 40 s of compiler for releases of a few MB, in every fresh environment). Run eagerly, it rounds
+    the same values."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
 
 
 @pytest.fixture(scope="module")
