@@ -18,16 +18,12 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator.constants import DECISION_LABEL, GROUP, KSERVE_GROUP, PLURAL, VERSION
+from clef_operator.constants import DECISION_LABEL, GROUP, PLURAL, VERSION
 from clef_operator.resources import Resource
 
 CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-
-
-class KServeNotInstalledError(RuntimeError):
-    """The cluster does not serve serving.kserve.io/v1beta1 InferenceServices."""
 
 
 class ConflictError(RuntimeError):
@@ -178,16 +174,15 @@ class KubeApi:
         return found
 
     async def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create an object; ConflictError when the name is taken, KServeNotInstalledError when KServe's
-        resource is not served, ApiError when refused."""
+        """Create an object; ConflictError when the name is taken, ApiError when refused. A 404 is an ApiError
+        with the API server's message: the namespace was deleted meanwhile, or the kind stopped being served
+        since the pass listed it (the next pass reports KServe missing)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             created: dict[str, Any] = await self._call(
                 f"creating {name}", self._send, "POST", resource.path(namespace), body=dict(body)
             )
         except ApiException as exc:
-            if exc.status == 404 and resource.group == KSERVE_GROUP:
-                raise KServeNotInstalledError(str(exc.reason)) from exc
             _raise_translated(exc)
             raise ApiError(f"creating {name}", exc.status, _reason(exc)) from exc
         return created
