@@ -351,7 +351,7 @@ def test_a_worker_that_encodes_otherwise_fails_the_start_and_stops_the_warm_up(
     model.load()
 
     async def scenario() -> None:
-        engine.gate.clear()  # the warm-up waits until the probes have been compared
+        engine.gate.clear()  # the warm-up stops at its first engine call while the probes are compared
         with pytest.raises(RuntimeError, match="encodes differently from the engine's"):
             await asyncio.wait_for(model.start_engine(), 60)
         held = engine.calls
