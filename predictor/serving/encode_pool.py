@@ -139,7 +139,7 @@ class EncodePool:
         self.job_deadline_s = job_deadline_s
         self._context = multiprocessing.get_context("spawn")
         self._pool: ProcessPoolExecutor | None = None
-        self._settings: PrepareSettings | None = None
+        self._probe: tuple[PrepareSettings, dict[str, Any]] | None = None  # what each started worker encodes
         self._probes: list[Future[tuple[int, list[int]]]] = []
         self._launched = 0.0
         self._closed = False
@@ -155,7 +155,7 @@ class EncodePool:
     def launch(self, settings: PrepareSettings) -> None:
         """Spawn every worker and send each its probe, without waiting: the workers load the tokenizer while the
         server starts its listeners and warms the engine up (:meth:`start` waits for them)."""
-        self._settings = settings
+        self._probe = probe_settings(settings), probe_body(settings)
         self._launched = time.perf_counter()
         self._pool = self._new_pool()
         self._probes = self._submit_probes(self._pool)
@@ -176,14 +176,14 @@ class EncodePool:
 
     def _submit_probes(self, pool: ProcessPoolExecutor) -> list[Future[tuple[int, list[int]]]]:
         """One probe per worker at once (the pool spawns a process per waiting task)."""
-        assert self._settings is not None
-        settings, body = probe_settings(self._settings), probe_body(self._settings)
+        assert self._probe is not None
+        settings, body = self._probe
         return [pool.submit(prepare.run_in_worker, prepare.worker_probe, settings, body) for _ in range(self.processes)]
 
     async def _check_probes(self, probes: list[Future[tuple[int, list[int]]]]) -> None:
         """Compare each worker's prompt of the probe with the engine tokenizer's."""
-        assert self._settings is not None
-        settings, body = probe_settings(self._settings), probe_body(self._settings)
+        assert self._probe is not None
+        settings, body = self._probe
         expected = (await asyncio.to_thread(prepare.prepare, self.engine_tokenizer, settings, body))[1].input_ids
         for _pid, input_ids in await asyncio.gather(*(asyncio.wrap_future(probe) for probe in probes)):
             if input_ids != expected:
