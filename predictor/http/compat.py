@@ -15,7 +15,8 @@ time.
   ``_server`` (read and set for :class:`~predictor.http.server_limits.ClefGRPCServer`);
   ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server_limits.ServingSwitch`); and
   ``BaseKServeModel.__init__`` (a base of ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of
-  :class:`predictor.model.ClefModel`);
+  :class:`predictor.model.ClefModel`); ``RESTServer._register_endpoints`` taking an ImportError of its OpenAI
+  endpoints' module as "none to register" (:func:`skip_kserve_openai_endpoints`);
 - uvicorn: ``H11Protocol``'s ``app``, ``conn``, ``cycle``, ``connections``, ``tasks``, ``transport`` and ``loop``
   (:class:`~predictor.http.server_limits.HeaderDeadlineProtocol`, a subclass).
 """
@@ -23,6 +24,7 @@ time.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +43,9 @@ H11_PROTOCOL_ATTRIBUTES = ("app", "conn", "cycle", "connections", "tasks", "tran
 GRPC_SERVER_ATTRIBUTES = ("_port", "_data_plane", "_model_repository_extension", "_server")
 MODEL_SERVER_ATTRIBUTES = ("_rest_server", "_grpc_server")
 MODEL_ATTRIBUTES_KSERVE_ASSIGNS = ("ready", "engine")
+KSERVE_OPENAI_ENDPOINTS_MODULE = "kserve.protocol.rest.openai.config"
+"""The module KServe's REST server imports at every start to register OpenAI endpoints for its own ``OpenAIModel``
+subclasses (Clef's model is not one); its types import vLLM's OpenAI server protocol, vLLM included."""
 
 
 def kserve_parser_actions() -> list[argparse.Action]:
@@ -94,3 +99,14 @@ def attach_aio_server(server: GRPCServer, aio_server: Any) -> None:
 def model_registry(extension: ModelRepositoryExtension) -> ModelRepository:
     """The model registry KServe's repository extension was built over."""
     return extension._model_registry
+
+
+def skip_kserve_openai_endpoints() -> None:
+    """Make KServe's REST server take its "no OpenAI endpoints" branch without importing them.
+
+    KServe imports :data:`KSERVE_OPENAI_ENDPOINTS_MODULE` inside a ``try`` that takes an ImportError as "not
+    registered", and registers endpoints only for models that are its ``OpenAIModel``: none is here, so the import
+    only costs time (3.5 s of a transformers-engine start on a 2-core CPU, for vLLM and its OpenAI protocol; on vLLM
+    0.32 the import then fails anyway). ``None`` in ``sys.modules`` is Python's own mark for a module that cannot be
+    imported. A process that imported the module already keeps it."""
+    sys.modules.setdefault(KSERVE_OPENAI_ENDPOINTS_MODULE, None)  # type: ignore[arg-type]

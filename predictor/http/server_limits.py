@@ -39,6 +39,7 @@ import orjson
 from grpc import aio
 from kserve.errors import ModelNotFound, ModelNotReady
 from kserve.logging import logger as kserve_logger
+from kserve.model import BaseKServeModel
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
@@ -54,6 +55,7 @@ from predictor.http.compat import (
     grpc_server_parts,
     model_registry,
     rest_server,
+    skip_kserve_openai_endpoints,
     use_grpc_server,
 )
 from predictor.http.errors import ApiError, bad_request, from_service_error
@@ -308,6 +310,11 @@ class ClefModelServer(kserve.ModelServer):
         self.limits = limits
         self.grpc = grpc
         self.model_repository_extension = ServingSwitch(model_registry=self.registered_models)
+
+    def start(self, models: list[BaseKServeModel]) -> None:
+        """KServe's start, without its OpenAI endpoints' import (Clef's model is not one of KServe's OpenAI models)."""
+        skip_kserve_openai_endpoints()
+        super().start(models)
 
     def setup_event_loop(self) -> None:
         """KServe's loop setup, then the limits (the REST server exists by now and has not started)."""

@@ -8,6 +8,9 @@ import asyncio
 import copy
 import importlib.metadata
 import inspect
+import json
+import subprocess
+import sys
 from typing import Any
 
 import kserve
@@ -120,3 +123,42 @@ def test_kserve_stops_the_grpc_server_given_to_it() -> None:
     aio_server, fake_grpc = asyncio.run(scenario())
     assert aio_server.stops == [((), {"grace": 7})]
     assert fake_grpc.stops == [((15,), {})]
+
+
+_ROUTES_SCRIPT = """
+import json, sys
+import fastapi, kserve
+from kserve.model_repository import ModelRepository
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.server import RESTServer
+from predictor.http import compat
+if sys.argv[1] == "skip":
+    compat.skip_kserve_openai_endpoints()
+repository = ModelRepository()
+repository.update(kserve.Model("clef-flash"))
+server = RESTServer("kserve.model_server:app", DataPlane(model_registry=repository),
+                    ModelRepositoryExtension(model_registry=repository), http_port=0)
+app = fastapi.FastAPI()
+server._register_endpoints(app)
+print(json.dumps({"routes": sorted(route.path for route in app.routes), "vllm": "vllm" in sys.modules}))
+"""
+
+
+def _routes(mode: str) -> dict[str, Any]:
+    """The routes KServe's REST server registers for a plain model in a fresh interpreter ("skip": after
+    skip_kserve_openai_endpoints, which marks the process's module table), and whether vLLM got imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUTES_SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True
+    )
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def test_kserve_without_its_openai_import_registers_the_same_routes() -> None:
+    kserve_own, skipped = _routes("kserve"), _routes("skip")
+    assert "/v1/models/{model_name}:predict" in skipped["routes"] and "/v2/health/ready" in skipped["routes"]
+    assert not any(path.startswith("/openai") for path in skipped["routes"])
+    assert skipped["routes"] == kserve_own["routes"]
+    assert not skipped["vllm"]
+    assert kserve_own["vllm"], "KServe's REST server no longer imports vLLM for its OpenAI endpoints: drop the skip"
