@@ -11,8 +11,10 @@ import inspect
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import fastapi
 import kserve
 import pytest
 from kserve.model import BaseKServeModel
@@ -21,12 +23,15 @@ from kserve.model_server import ModelServer
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.server import RESTServer
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.version import Version
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.http import compat
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("package", sorted(compat.CHECKED_VERSIONS))
@@ -125,40 +130,34 @@ def test_kserve_stops_the_grpc_server_given_to_it() -> None:
     assert fake_grpc.stops == [((15,), {})]
 
 
-_ROUTES_SCRIPT = """
+def _registered_routes() -> list[str]:
+    """The paths KServe's REST server registers for a plain model (not one of its OpenAI models)."""
+    repository = ModelRepository()
+    repository.update(kserve.Model("clef-flash"))
+    extension = ModelRepositoryExtension(model_registry=repository)
+    server = RESTServer("kserve.model_server:app", DataPlane(model_registry=repository), extension, http_port=0)
+    app = fastapi.FastAPI()
+    server._register_endpoints(app)
+    return sorted(route.path for route in app.routes)  # type: ignore[attr-defined]
+
+
+_SKIPPED_ROUTES = """
 import json, sys
-import fastapi, kserve
-from kserve.model_repository import ModelRepository
-from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.model_repository_extension import ModelRepositoryExtension
-from kserve.protocol.rest.server import RESTServer
 from predictor.http import compat
-if sys.argv[1] == "skip":
-    compat.skip_kserve_openai_endpoints()
-repository = ModelRepository()
-repository.update(kserve.Model("clef-flash"))
-server = RESTServer("kserve.model_server:app", DataPlane(model_registry=repository),
-                    ModelRepositoryExtension(model_registry=repository), http_port=0)
-app = fastapi.FastAPI()
-server._register_endpoints(app)
-print(json.dumps({"routes": sorted(route.path for route in app.routes), "vllm": "vllm" in sys.modules}))
+from tests.predictor.test_compat import _registered_routes
+compat.skip_kserve_openai_endpoints()
+print(json.dumps({"routes": _registered_routes(), "vllm": "vllm" in sys.modules}))
 """
 
 
-def _routes(mode: str) -> dict[str, Any]:
-    """The routes KServe's REST server registers for a plain model in a fresh interpreter ("skip": after
-    skip_kserve_openai_endpoints, which marks the process's module table), and whether vLLM got imported."""
-    done = subprocess.run(
-        [sys.executable, "-c", _ROUTES_SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True
-    )
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
-
-
 def test_kserve_without_its_openai_import_registers_the_same_routes() -> None:
-    kserve_own, skipped = _routes("kserve"), _routes("skip")
+    """With skip_kserve_openai_endpoints (in a fresh interpreter: it marks the process's module table), KServe's REST
+    server registers the routes it registers by itself, and imports no vLLM for them."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SKIPPED_ROUTES], capture_output=True, text=True, timeout=120, check=True, cwd=REPO
+    )
+    skipped = json.loads(done.stdout.splitlines()[-1])
     assert "/v1/models/{model_name}:predict" in skipped["routes"] and "/v2/health/ready" in skipped["routes"]
     assert not any(path.startswith("/openai") for path in skipped["routes"])
-    assert skipped["routes"] == kserve_own["routes"]
     assert not skipped["vllm"]
-    assert kserve_own["vllm"], "KServe's REST server no longer imports vLLM for its OpenAI endpoints: drop the skip"
+    assert skipped["routes"] == _registered_routes()  # KServe's own path, in this worker
