@@ -28,6 +28,12 @@ RUN python3 -m pip list --format=freeze > /tmp/image-constraints.txt \
 # compile_dir's verdict on such files is not the build's.
 RUN python3 -c "import compileall, site; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]"
 
+# vLLM's mega AOT artifact: a warm start loads the compiled graph as one artifact instead of splitting it again and
+# loading each piece (vLLM's default from torch 2.12 on; vLLM 0.26 leaves it off on this image's torch 2.11). On one
+# H200 vLLM's compilation step took 0.8-0.9 s instead of 4.7-5.2 s (R20), and the answers stayed within 1.9e-4 mean KL
+# of the split graph's (R21; BENCHMARKS.md).
+ENV VLLM_USE_MEGA_AOT_ARTIFACT=1
+
 # The operator's InferenceServices start the predictor as `python -m predictor`.
 RUN command -v python > /dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib.metadata
+import importlib.util
 import json
 import re
 import shutil
@@ -69,6 +70,15 @@ def test_predictor_image_is_the_supported_vllm() -> None:
     run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
     assert '"/tmp/clef-serving[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay
     assert "rm -rf" in run and "/tmp/clef-serving" in run  # imports come from the installed wheel, not sources
+
+
+def test_predictor_image_loads_vllms_compiled_graph_as_one_artifact() -> None:
+    """The image turns on a setting of vLLM's own, by the name vLLM's settings module reads (read as text: importing
+    vLLM costs seconds)."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    assert '"VLLM_USE_MEGA_AOT_ARTIFACT":' in (Path(spec.origin).parent / "envs.py").read_text()
+    assert ("ENV", "VLLM_USE_MEGA_AOT_ARTIFACT=1") in instructions("predictor.Dockerfile")
 
 
 def test_predictor_image_compiles_every_installed_package(tmp_path: Path) -> None:
