@@ -145,7 +145,11 @@ class KubeApi:
     async def list_labelled(
         self, resource: Resource, namespace: str, decision_label: str
     ) -> list[dict[str, Any]] | None:
-        """Objects in ``namespace`` labelled as belonging to a ClefDecision; None when ``resource`` is not served."""
+        """Objects in ``namespace`` labelled as belonging to a ClefDecision; None when ``resource`` is not served.
+
+        The API server filters by the label; the items are checked again here, because callers delete what this
+        returns and has no owner (an owner reference stripped): an answer that ignored the selector (a caching proxy,
+        an emulator) must not turn someone else's object into one of ours."""
         action = f"listing {resource.plural}"
         try:
             result = await self._call(
@@ -159,7 +163,11 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise ApiError(action, exc.status, _reason(exc)) from exc
-        return list(result.get("items", []))
+        return [
+            item
+            for item in result.get("items", [])
+            if ((item.get("metadata") or {}).get("labels") or {}).get(DECISION_LABEL) == decision_label
+        ]
 
     async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None when there is none of that name."""

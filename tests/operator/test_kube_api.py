@@ -12,8 +12,9 @@ from typing import Any
 import kubernetes
 import pytest
 
+from clef_operator.constants import DECISION_LABEL
 from clef_operator.kube import ApiError, ConflictError, KubeApi
-from clef_operator.resources import INFERENCESERVICES
+from clef_operator.resources import DEPLOYMENTS, INFERENCESERVICES
 
 #: kube-apiserver's answer to a create in a namespace that has just been deleted.
 NAMESPACE_GONE = {
@@ -30,11 +31,12 @@ NAME_TAKEN = {**NAMESPACE_GONE, "message": 'inferenceservices "clef-a" already e
 
 
 class Answers:
-    """The status and Status body every POST gets."""
+    """The status and Status body every POST gets, and the body every GET gets."""
 
     def __init__(self) -> None:
         self.status = 404
         self.body: dict[str, Any] = NAMESPACE_GONE
+        self.listed: dict[str, Any] = {"kind": "DeploymentList", "apiVersion": "apps/v1", "items": []}
 
 
 @pytest.fixture
@@ -46,6 +48,14 @@ def api() -> Iterator[tuple[KubeApi, Answers]]:
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
             payload = json.dumps(answers.body).encode()
             self.send_response(answers.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:
+            payload = json.dumps(answers.listed).encode()
+            self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
@@ -88,3 +98,23 @@ async def test_a_taken_name_is_a_conflict(api: tuple[KubeApi, Answers]) -> None:
     answers.status, answers.body = 409, NAME_TAKEN
     with pytest.raises(ConflictError):
         await kube.create(INFERENCESERVICES, _isvc("serving"))
+
+
+async def test_a_listing_that_ignored_the_label_selector_yields_only_labelled_objects(
+    api: tuple[KubeApi, Answers],
+) -> None:
+    """Passes delete the listed objects that have no owner (their owner reference stripped): an answer that did not
+    apply the label selector must not hand them someone else's Deployment (seen with an emulator that ignores
+    selectors: the operator deleted a Deployment it had never made)."""
+    kube, answers = api
+
+    def deployment(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml", **({"labels": labels} if labels else {})}}
+
+    answers.listed["items"] = [
+        deployment("dep-h100-pool", None),
+        deployment("other-a100-pool", {DECISION_LABEL: "other"}),
+        deployment("clef-h100-pool", {DECISION_LABEL: "clef"}),
+    ]
+    listed = await kube.list_labelled(DEPLOYMENTS, "ml", "clef")
+    assert [item["metadata"]["name"] for item in listed or []] == ["clef-h100-pool"]
