@@ -2,7 +2,7 @@
 
 It adds what the bare emulator lacks: server-set metadata (uid, resourceVersion, generation,
 creationTimestamp, names from generateName), 422 for a failed JSON-patch ``test``,
-status-subresource isolation, ``kind: XList`` on lists, a correct core ``/api/v1`` discovery,
+status-subresource isolation, ``kind: XList`` on lists, label selectors on lists, a correct core ``/api/v1`` discovery,
 discovery entries from CRD manifests, and background garbage collection of owner-referenced objects. It also
 maps every request it served to the RBAC (apiGroup, resource, verb) it needs, for comparing with the chart's
 RBAC.
@@ -236,7 +236,34 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             group_version = "/".join(p for p in (request.resource.group, request.resource.version) if p)
             payload.update(kind=f"{info.kind}List", apiVersion=group_version)
             payload["metadata"] = {"resourceVersion": str(next(self._versions))}  # type: ignore[call-overload]
+        selector = request.params.get("labelSelector")
+        if selector and isinstance(payload, dict):
+            payload["items"] = [item for item in payload.get("items", []) if _selected(item, selector)]
         return payload
+
+
+def _selected(obj: Mapping[str, Any], selector: str) -> bool:
+    """Whether ``obj``'s labels match an equality-based label selector (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``,
+    comma-separated), as the API server applies it to a list; set-based terms are refused, not guessed."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in selector.split(","):
+        term = term.strip()
+        if " in " in term or " notin " in term or "(" in term:
+            raise NotImplementedError(f"set-based label selector {term!r}")
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def _merged(target: Any, patch: Any) -> Any:

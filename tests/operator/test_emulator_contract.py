@@ -47,3 +47,22 @@ async def test_kmock_dispatches_from_the_requests_in_flight_and_history_keeps_al
     assert [str(r.method.value) for r in emulator.history] == ["POST", "GET", "GET", "GET"]
     assert emulator._requests == [] and list(emulator) == []
     assert emulator.served_requests()[-1] == ("GET", f"{NODES}/n1")
+
+
+async def test_lists_apply_label_selectors_as_the_api_server_does(cluster: Cluster) -> None:
+    """kmock lists every object whatever the selector; the operator deletes unowned objects it lists by its label, so
+    the emulator filters as kube-apiserver does (equality terms; set-based terms fail the test instead)."""
+    for name, labels in (("n1", {"pool": "a", "zone": "x"}), ("n2", {"pool": "b"}), ("n3", {})):
+        await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+
+    async def names(selector: str) -> list[str]:
+        return sorted(item["metadata"]["name"] for item in await cluster.items(f"{NODES}?labelSelector={selector}"))
+
+    assert await names("pool=a") == ["n1"]
+    assert await names("pool==b") == ["n2"]
+    assert await names("pool!=a") == ["n2", "n3"]
+    assert await names("pool") == ["n1", "n2"]
+    assert await names("!pool") == ["n3"]
+    assert await names("pool=a,zone=x") == ["n1"]
+    assert await names("pool=a,zone=y") == []
+    assert await names("pool=c") == []
