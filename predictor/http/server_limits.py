@@ -9,7 +9,8 @@ deliver a request's headers within ``header_timeout`` seconds of opening or of i
 (else it is closed), past ``max_connections`` connections new requests get 503 except the probes (a
 reserve of :data:`PROBE_RESERVE`), a request with both Content-Length and Transfer-Encoding gets 400 and its
 connection closed, and the open-file limit is raised to what ``max_connections`` needs.
-The heap built at startup is frozen (``gc.freeze``) before serving.
+The heap built at startup is frozen (``gc.freeze``) before serving. KServe's OpenAI endpoints, which it registers for
+its own ``OpenAIModel`` subclasses only, are not imported (:func:`predictor.http.compat.skip_kserve_openai_endpoints`).
 The body's own timeout and size are the request-body middleware's (``predictor.http.http_body``).
 
 KServe's repository extension stops the engine on ``unload`` and its ``load`` does nothing (the model stays
