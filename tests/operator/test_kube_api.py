@@ -46,16 +46,14 @@ def api() -> Iterator[tuple[KubeApi, Answers]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            payload = json.dumps(answers.body).encode()
-            self.send_response(answers.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._answer(answers.status, answers.body)
 
         def do_GET(self) -> None:
-            payload = json.dumps(answers.listed).encode()
-            self.send_response(200)
+            self._answer(200, answers.listed)
+
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

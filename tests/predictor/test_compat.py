@@ -11,7 +11,6 @@ import inspect
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import fastapi
@@ -30,8 +29,7 @@ from packaging.version import Version
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predictor.http import compat
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.predictor.conftest import REPO
 
 
 @pytest.mark.parametrize("package", sorted(compat.CHECKED_VERSIONS))
