@@ -44,6 +44,10 @@ LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
 RETRY_BASE_ENV = "CLEF_RETRY_BASE_SECONDS"
 RETRY_MAX_SECONDS = 300.0
+#: A moment less than this many seconds ahead counts as reached (a pass due, a name's backoff over): a shorter
+#: wait would end at once (asyncio runs the timers due within its clock's resolution) and the scheduler would
+#: spin until the clock moved past that moment.
+DUE_SLACK_SECONDS = 1e-3
 # kopf's watch requests: the server ends each watch after server_timeout, the client gives up on a silent
 # one after client_timeout, and every other API call kopf makes is bounded too.
 WATCH_SERVER_TIMEOUT = 300
@@ -263,7 +267,7 @@ async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> 
     try:
         async with lock:
             previous = state.last_status.get(uid) or _plain(body.get("status") or {})
-            now = asyncio.get_running_loop().time()
+            now = _reached_time()
             held = frozenset(
                 name
                 for (namespace, name), (until, _) in state.name_backoff.items()
@@ -320,13 +324,18 @@ def _retry_later(state: OperatorState, key: Key) -> None:
     state.schedule(key, retry_delay(failures))
 
 
+def _reached_time() -> float:
+    """The running loop's time plus :data:`DUE_SLACK_SECONDS`: every moment up to it counts as reached."""
+    return asyncio.get_running_loop().time() + DUE_SLACK_SECONDS
+
+
 async def _scheduler(state: OperatorState, memo: Any) -> None:
     """Run due passes; every RESYNC_SECONDS make every ClefDecision due (repairs drift nobody reported)."""
     assert state.wake is not None and state.decisions_index is not None  # set before the task starts
     loop = asyncio.get_running_loop()
     next_resync = loop.time() + RESYNC_SECONDS
     while True:
-        now = loop.time()
+        now = _reached_time()
         if now >= next_resync:
             next_resync = now + RESYNC_SECONDS
             for key in state.decisions_index:
