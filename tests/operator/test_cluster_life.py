@@ -43,7 +43,7 @@ B200 = dict(product="NVIDIA-B200", family="blackwell", major=10, minor=0)
 UNLABELLED = dict(product=None, major=None, minor=None)
 SETTLE = 1.5  # seconds of quiet after a change, in which a wrong write would show up
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.looptime]
 
 
 async def isvcs(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -147,6 +147,7 @@ async def test_node_replacement_keeps_the_predictor(cluster: Cluster) -> None:
     assert "PoolDegraded" in events and "InferenceServiceDeleted" not in events
 
 
+@pytest.mark.looptime(False)  # the grace period ends on the wall clock (removalAt is a wall-clock time)
 async def test_degraded_pool_is_removed_after_the_grace_period(cluster: Cluster) -> None:
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(NODES, gpu_node("l4-a", "l4-pool", **L4))
@@ -470,6 +471,7 @@ async def test_single_storage_uri_spec_keeps_working_with_bf16_variant(cluster: 
     assert entries["hopper"]["variant"] == {"quantization": "fp8", "storageUri": "s3://m/fp8"}
 
 
+@pytest.mark.looptime(False)  # a real operator process, on the wall clock
 async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) -> None:
     """SIGKILL a real `python -m clef_operator` process at 20 random moments while the cluster changes."""
     rng = random.Random(20261130)

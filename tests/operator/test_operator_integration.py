@@ -36,7 +36,7 @@ B200 = dict(product="NVIDIA-B200", family="blackwell", major=10, minor=0)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.looptime]
 
 
 def decision(**spec: Any) -> dict[str, Any]:
@@ -91,6 +91,7 @@ def volume(predictor: dict[str, Any], name: str) -> dict[str, Any]:
     return next(v for v in predictor["volumes"] if v["name"] == name)
 
 
+@pytest.mark.looptime(False)  # the grace period ends on the wall clock (removalAt is a wall-clock time)
 async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
     await seed_three_pools(cluster)
     await cluster.create(DECISIONS.format(ns=NS), decision(nodePools={"removalGracePeriod": "1s"}))

@@ -15,7 +15,7 @@ from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, decision, e
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 L4 = dict(product="NVIDIA-L4", family="ada-lovelace", major=8, minor=9)
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.looptime]
 
 
 async def pool_entry(cluster: Cluster, pool: str, name: str = "clef") -> dict[str, Any]:

@@ -15,7 +15,7 @@ NS = "ml"
 POOLS = 50
 NODES_PER_POOL = 4
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.looptime]
 
 
 def decision(name: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from tests.operator.schema import crd_validator, errors
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 LAST_HANDLED = "clef-serving.io/last-handled-configuration"
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.looptime]
 
 
 def decision(**spec: Any) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from tests.operator.harness import (
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.looptime]
 
 
 async def max_model_len(cluster: Cluster, isvc: str) -> str | None:
@@ -71,7 +71,6 @@ async def _fake_cycle(items: list[Any], error: BaseException | None) -> AsyncIte
         raise error
 
 
-@pytest.mark.looptime
 async def test_failed_cycle_backs_off_and_replays_deletions(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = kopf.OperatorSettings()
     a, b = ({"metadata": {"uid": uid, "name": uid}} for uid in ("a", "b"))
@@ -170,6 +169,7 @@ def _healthz(port: int) -> int:
         return 0
 
 
+@pytest.mark.looptime(False)  # a real operator process, on the wall clock
 async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: Cluster) -> None:
     """`python -m clef_operator`: an ERROR 500 on every stream, a later spec change applied, /healthz 200,
     then SIGTERM ends it promptly with rc 0."""
