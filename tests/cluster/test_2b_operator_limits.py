@@ -202,9 +202,11 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
     assert isvc_create_refusals(kube) - refusals <= 1, "a POST per node event"
     assert name_taken_events(kube, ns) == warned, "said again"
     assert len([e for e in warned if e[2].startswith("node pool taken:")]) == 1, warned
-    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=true", DELETE_WAIT)
+    # Not kubectl's --wait: it waits for the name to disappear, and the operator takes the freed name at once; when
+    # it does before kubectl's watch starts, that watch never sees the holder's deletion.
+    kube.run("delete", "inferenceservice", holder, "-n", ns, "--wait=false")
     eventually(
-        lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator", timeout=30
+        lambda: owners(kube, holder, ns) == [(ns, True)], "the freed name to be taken by the operator", timeout=120
     )
 
 
