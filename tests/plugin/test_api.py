@@ -11,7 +11,6 @@ import torch
 
 import clef_plugin
 from clef_head.layout import LayoutError, QuestionLayout, RecordLayout
-from clef_plugin.pooler import error_record
 
 pytestmark = pytest.mark.vllm
 
@@ -241,6 +240,8 @@ def _output(data: torch.Tensor) -> SimpleNamespace:
 
 def test_option_logits() -> None:
     """Logits come back as float32; error records and empty outputs raise."""
+    from clef_plugin.pooler import error_record  # imports vLLM: here, not while the suite is collected
+
     values = clef_plugin.option_logits(_output(torch.tensor([0.5, -1.0], dtype=torch.bfloat16)))
     assert values.dtype == torch.float32 and values.tolist() == [0.5, -1.0]
     with pytest.raises(LayoutError, match="request r1: layout.questions\\[0\\].type must be 0, 1 or 2"):

@@ -17,7 +17,6 @@ from clef_head.encoder import encode_request
 from clef_head.layout import LayoutError
 from clef_head.request import parse_request
 from clef_plugin.card import layout_from_questions
-from clef_plugin.pooler import request_layout
 from clef_tools.sample_requests import make_requests
 from tests.conftest import REFERENCE_MODULE
 from tests.plugin.conftest import MAX_MODEL_LEN, TOLERANCE, reference_scores
@@ -77,6 +76,8 @@ def test_card_names_are_exported() -> None:
 def test_schema_layout_is_the_same_from_either_encoder(tiny_release: Path, reference: ModuleType) -> None:
     from transformers import AutoTokenizer
 
+    from clef_plugin.pooler import request_layout  # imports vLLM: here, not while the suite is collected
+
     tokenizer = AutoTokenizer.from_pretrained(tiny_release)
     for body in make_requests(seed=11, count=20) + [CARD_REQUEST]:
         ours = encode_request(tokenizer, parse_request(body))
@@ -107,6 +108,8 @@ def test_bad_card_layouts_are_refused(layout: object, message: str) -> None:
 
 
 def test_a_request_without_either_layout_key_is_refused() -> None:
+    from clef_plugin.pooler import request_layout  # imports vLLM: here, not while the suite is collected
+
     with pytest.raises(LayoutError, match="neither 'clef_layout' nor 'clef_questions'"):
         request_layout({"other": 1}, 30)
 
