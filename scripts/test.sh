@@ -10,4 +10,8 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/lint.sh
 .venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
+# Keep the bytecode of the repository's own modules and of pytest's rewritten test modules in their (git-ignored)
+# __pycache__/ folders: with PYTHONDONTWRITEBYTECODE set, as some machines set it, every worker and every server the
+# tests start would compile them again.
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -n 3 --dist loadscope --no-loadscope-reorder "$@"
