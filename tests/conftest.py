@@ -40,6 +40,16 @@ def shared_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ["VLLM_CACHE_ROOT"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_per_worker() -> None:
+    """On several pytest-xdist workers (three on a 2-core machine), each computes on one thread: the workers
+    already keep the cores busy, and PyTorch's intra-op threads would only compete with them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random release with the head at the root (Cloudflare's layout)."""
