@@ -2,8 +2,8 @@
 # The test command: install everything into .venv/ (PyPI only), run the lint, format and type gate
 # (scripts/lint.sh; a finding fails the command before any test runs), build the real cluster's binaries once
 # (Go module proxy; cached outside the repository, see clef_cluster/), then run the whole test suite on three
-# pytest-xdist workers, one more than a 2-core machine has cores: waiting tests (the real cluster, the operator's
-# scenarios, servers starting) leave a core idle on two, and tests that share a server or engine share a worker
+# pytest-xdist workers, one more than a 2-core machine has cores: waiting tests (the real cluster, servers
+# starting) leave a core idle on two, and tests that share a server or engine share a worker
 # (tests/worker_groups.py). `-n 0` runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."

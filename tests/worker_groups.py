@@ -3,7 +3,7 @@
 
 Each test module runs whole on one worker, in order, so its module-scoped servers and engines start once (xdist's
 loadscope); modules that share an expensive session fixture, or read what other modules' tests recorded, run
-together on one worker. Waiting tests (the real cluster, the operator's scenarios, servers starting) then overlap
+together on one worker. Waiting tests (the real cluster, servers starting) then overlap
 with busy ones. tests/conftest.py installs the hook for the whole suite.
 
 The one place that leans on xdist's internals: loadscope's scheduler names each test's unit of work with its
