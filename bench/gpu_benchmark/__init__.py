@@ -21,7 +21,8 @@ leak or a left-over engine process cannot spoil the next):
   graphs: torch.compile + piecewise CUDA graphs (the plugin's prefill sizes, or ``--capture-sizes``).
   With ``--profile``, one throughput batch and one single record also run under vLLM's torch profiler,
   and the GPU kernel time is summed by kind (GEMM, Gated DeltaNet, attention, ...). A case named twice runs twice
-  (the second start measures the warm compile cache; its result is stored as ``<case>-again``).
+  (the second start measures the warm compile cache; its result is stored as ``<case>-again``, a third as
+  ``<case>-again3``, and so on).
   Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
 - vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
   architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.

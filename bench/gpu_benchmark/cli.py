@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from bench.gpu_benchmark.names import (
     VARIANT_NAME,
     VLLM_CASES,
     base_case,
+    result_key,
     variant_name,
 )
 from bench.gpu_benchmark.prepare import prepare
@@ -202,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         summary["prepare"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
         status = 1
     if status == 0:
-        seen: set[str] = set()
+        runs: Counter[str] = Counter()
         for case in cases:
             if case == "prepare":
                 continue
-            key = f"{case}-again" if case in seen else case
-            seen.add(case)
+            key = result_key(case, runs[case])
+            runs[case] += 1
             left = deadline - time.time()
             needs = MIN_SECONDS[base_case(case)] * scale_factor
             if left < needs:

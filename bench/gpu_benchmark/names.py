@@ -42,14 +42,25 @@ MIN_SECONDS = {
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
 
 
+REPETITION = re.compile(r"-again\d*$")
+
+
+def result_key(case: str, runs_before: int) -> str:
+    """The result key of a case's run after ``runs_before`` earlier runs of it in the same invocation: ``http``,
+    then ``http-again``, ``http-again3``, ``http-again4``, ... (every run keeps its own result and logs)."""
+    if runs_before == 0:
+        return case
+    return f"{case}-again" if runs_before == 1 else f"{case}-again{runs_before + 1}"
+
+
 def base_case(key: str) -> str:
     """The case a result key belongs to: ``vllm-fp8-graphs+async-again`` → ``vllm-fp8-graphs``."""
-    return key.split("+")[0].removesuffix("-again")
+    return REPETITION.sub("", key.split("+")[0])
 
 
 def variant_name(key: str) -> str | None:
-    """The ``--variant`` a case key names, if any: ``vllm-fp8-graphs+async-again`` → ``async``."""
-    return key.partition("+")[2].removesuffix("-again") or None
+    """The ``--variant`` a case key names, if any: ``vllm-fp8-graphs+async-again3`` → ``async``."""
+    return REPETITION.sub("", key.partition("+")[2]) or None
 
 
 def agreement_pairs(cases: list[str]) -> list[tuple[str, str]]:

@@ -16,8 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_case_keys_name_the_case_its_variant_and_repetition() -> None:
-    from bench.gpu_benchmark.names import agreement_pairs, base_case, variant_name
+    from bench.gpu_benchmark.names import agreement_pairs, base_case, result_key, variant_name
 
+    # Every run of a case named several times keeps its own key (a third run used to overwrite the second's).
+    assert [result_key("http+fi", runs_before) for runs_before in range(4)] == [
+        "http+fi",
+        "http+fi-again",
+        "http+fi-again3",
+        "http+fi-again4",
+    ]
+    assert {(base_case(result_key("http+fi", n)), variant_name(result_key("http+fi", n))) for n in range(4)} == {
+        ("http", "fi")
+    }
     assert [
         base_case(key)
         for key in (
