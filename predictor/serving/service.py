@@ -176,6 +176,9 @@ class SystemOneService:
                 ) from exc
             log.exception("engine failure")
             raise EngineFailed(f"the engine failed: {exc!r}") from exc
+        if not bool(torch.isfinite(logits).all()):  # never answered, never cached: an engine fault, not an answer
+            log.error("the engine returned non-finite option logits for a %d-token prompt", len(encoded.input_ids))
+            raise EngineFailed("the engine returned non-finite option logits (NaN or infinity) for this request")
         metrics.STAGE_SECONDS.labels(stage="engine").observe(time.perf_counter() - started)
         return logits
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from clef_head.encoder import EncodedRequest
-from predictor.core.errors import ServiceError, Unavailable
+from predictor.core.errors import EngineFailed, ServiceError, Unavailable
 from predictor.engines.base import Engine, EngineDead
 from predictor.http.errors import from_service_error
 from predictor.http.shutdown import GracefulShutdown
@@ -44,6 +44,7 @@ class FakeEngine(Engine):
         self.gate = asyncio.Event()
         self.gate.set()
         self.dead: str | None = None
+        self.nan = False
         self.closed = False
 
     @property
@@ -65,7 +66,8 @@ class FakeEngine(Engine):
         if self.dead:
             raise EngineDead(self.dead)
         seed = sum(encoded.input_ids) % 1000
-        return torch.arange(encoded.layout.option_count, dtype=torch.float32) * (seed + 1) * 0.001
+        logits = torch.arange(encoded.layout.option_count, dtype=torch.float32) * (seed + 1) * 0.001
+        return logits.fill_(float("nan")) if self.nan else logits
 
     async def check_health(self) -> None:
         if self.dead:
@@ -524,3 +526,21 @@ def test_drain_timeout_answers_unanswered_requests_503_and_lets_started_ones_fin
     assert slow[0]["status"] == 503 and (b"retry-after", b"1") in slow[0]["headers"]
     assert json.loads(slow[1]["body"])["error"]["type"] == "service_unavailable"
     assert streaming[0]["status"] == 200 and streaming[-1]["body"] == b"done"
+
+
+def test_non_finite_logits_are_an_engine_error_never_an_answer_nor_cached(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer)
+    service = serving(engine, answer_cache_bytes=1 << 20)
+    request = simple_request(state="a ticket")
+
+    async def scenario() -> tuple[Any, dict[str, Any]]:
+        engine.nan = True
+        refused = await asyncio.gather(service.answer(request), return_exceptions=True)
+        engine.nan = False
+        return refused[0], await service.answer(request)
+
+    refused, answered = asyncio.run(scenario())
+    assert isinstance(refused, EngineFailed) and "non-finite option logits" in refused.message
+    error = from_service_error(refused)
+    assert error.status == 500 and error.body()["error"]["type"] == "engine_error"
+    assert engine.calls == 2 and answered["answers"]  # the failure was not kept: the same request was scored again
