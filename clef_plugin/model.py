@@ -17,7 +17,9 @@ one rank the shard is the full table and nothing is copied. Pipeline parallelism
 CUDA graphs: unless the engine runs eagerly (``enforce_eager``), a step that completes one request on
 a GPU runs the head as a CUDA graph captured for that request's bucketed shape
 (:class:`clef_head.graphs.GraphedHead`); steps completing several requests run the batched forward.
-Every bucket's graph is captured right after loading, so no request pays for a capture.
+Every bucket's graph is captured right after loading, so no request pays for a capture. With
+``additional_config={"clef_lone_prompt_graphs": true}`` (off by default), a step that runs one prompt, whole,
+replays a CUDA graph of the whole backbone instead of vLLM's piecewise graphs (:mod:`clef_plugin.prompt_graphs`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
 from vllm.model_executor.models.interfaces_base import VllmModelForPooling
 from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+from vllm.sequence import IntermediateTensors
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
@@ -83,6 +86,31 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         self._gathered_lm_head: torch.Tensor | None = None  # tensor parallelism only
         self.pooler = JointSchemaPooler(self.lexical_table)
         skip_router_gemm_warmup(self)  # a dense backbone: no MoE router to warm up GEMMs for
+        # imported here, in the engine's process: it imports vLLM's attention backends, which the front end never needs
+        from clef_plugin.prompt_graphs import lone_prompt_graphs
+
+        self.lone_prompts = lone_prompt_graphs(vllm_config, self.backbone)
+
+    def backbone(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """vLLM's Qwen3.5 forward on token ids: the final hidden states."""
+        hidden_states = super().forward(input_ids, positions)
+        assert isinstance(hidden_states, torch.Tensor)
+        return hidden_states
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor | IntermediateTensors:
+        """A step of one prompt, whole, on token ids replays its whole-forward graph; any other runs vLLM's forward."""
+        if self.lone_prompts is not None and inputs_embeds is None and not kwargs:
+            hidden_states = self.lone_prompts.forward(input_ids, positions)
+            if hidden_states is not None:
+                return hidden_states
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
 
     def lexical_table(self) -> torch.Tensor:
         """The full, unquantized [vocab, hidden] lm_head weight the head gathers option rows from."""
