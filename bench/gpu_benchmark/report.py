@@ -106,6 +106,9 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
         spread_text = ""
         if "prompt_tokens_per_s_spread" in r:
             spread_text = f"{r['prompt_tokens_per_s_spread']['min']:.0f}-{r['prompt_tokens_per_s_spread']['max']:.0f}"
+        if "single_against_batched" in r:
+            alone = r["single_against_batched"]
+            note += f"lone vs batched: top-1 {alone['top1_agreement']:.3f}, mean KL {alone['mean_kl']:.2e}"
         for label, profile in (r.get("profile") or {}).items():
             if "by_kind_share" in profile:
                 shares = ", ".join(f"{k} {v:.0%}" for k, v in list(profile["by_kind_share"].items())[:5])

@@ -19,10 +19,12 @@ def case_vllm(
     args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str, stock: bool = False
 ) -> dict[str, Any]:
     """vLLM on the BF16 or FP8 release: ``--repeats`` throughput passes over all records, then
-    single-record latency. With the plugin (option logits) or ``stock`` (no plugin: last-token ``embed``)."""
+    single-record latency, and (plugin) the lone records' logits against the same records' in the batched pass.
+    With the plugin (option logits) or ``stock`` (no plugin: last-token ``embed``)."""
     import vllm
 
     import clef_plugin
+    from bench.agreement import question_agreement
 
     ids, layouts = load_encoded(work)
     key = args.result_key or (f"vllm-stock-{precision}-{mode}" if stock else f"vllm-{precision}-{mode}")
@@ -78,12 +80,15 @@ def case_vllm(
     else:
         save_logits(work, key, outputs)
     latencies = []
+    alone = []
     for index in range(min(args.latency_records, len(ids))):
         started = time.perf_counter()
-        encode([index])
+        alone += encode([index])
         latencies.append(1000 * (time.perf_counter() - started))
     result["single_record_ms"] = percentiles(latencies)
     result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
+    if not stock and alone:  # a lone record's step may run another graph than its batch's (whole-forward graphs)
+        result["single_against_batched"] = question_agreement(layouts[: len(alone)], outputs[: len(alone)], alone)
     if args.profile:
         result["profile"] = {}
         for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):

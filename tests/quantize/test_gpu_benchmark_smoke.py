@@ -144,6 +144,7 @@ def test_smoke_stock_vllm_case_runs_without_the_plugin(smoke: Smoke) -> None:
     stock = smoke.case("vllm-stock-bf16-eager+seqs2")
     assert stock["plugin"] is False and stock["architecture"] == "Qwen3_5ForConditionalGeneration"
     assert stock["records"] == RECORDS and stock["repeats"] == 2 and stock["single_record_ms"]["count"] == 2
+    assert "single_against_batched" not in stock  # embeddings, not option logits
     assert stock["output_shape"] == [128]  # one hidden-size vector per record (the tiny release's hidden size)
     assert stock["max_num_seqs"] == 2 and smoke.case("vllm-fp8-eager")["max_num_seqs"] != 2
     assert (smoke.work / "results" / "vllm-stock-bf16-eager+seqs2.json").is_file()
@@ -174,6 +175,8 @@ def test_smoke_with_vllm_reports_fp8_agreement(smoke: Smoke) -> None:
     result = smoke.case("vllm-fp8-eager")
     assert result["records"] == RECORDS and result["start_s"] > 0 and result["single_record_ms"]["p50"] > 0
     assert result["mode"] == "eager" and result["plugin"] is True and result["repeats"] == 2
+    alone = result["single_against_batched"]  # the lone records' logits against the same records' batched ones
+    assert alone["questions"] > 0 and 0 <= alone["mean_kl"] < 1e-2
     assert (smoke.work / "results" / "vllm-fp8-eager.json").is_file()
     assert (smoke.work / "logits-vllm-fp8-eager.pt").is_file()
     agreement = smoke.summary["agreement"]["transformers vs vllm-fp8-eager"]  # the BF16 release's logits vs FP8's
