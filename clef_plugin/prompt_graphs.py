@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest.mock import patch
@@ -133,7 +133,7 @@ def unsupported_backends(metadata: dict[str, Any]) -> list[str]:
     return sorted({type(group).__name__ for group in metadata.values() if not isinstance(group, known)})
 
 
-def distinct(groups: Iterator[Any] | Any) -> list[Any]:
+def distinct(groups: Iterable[Any]) -> list[Any]:
     """Each metadata object once, in order of first appearance (vLLM shares one among a KV-cache group's layers)."""
     return list({id(group): group for group in groups}.values())
 
