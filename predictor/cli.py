@@ -167,7 +167,7 @@ def configure_logging(args: argparse.Namespace) -> None:
         kserve_logging.configure_logging(args.log_config_file)
     kserve_logger = logging.getLogger(kserve_logging.KSERVE_LOGGER_NAME)
     kserve_logger.addFilter(NotReadyTracebackFilter())
-    for name in ("predictor", "clef_head"):
+    for name in ("predictor", "clef_head", "clef_plugin"):
         ours = logging.getLogger(name)
         ours.handlers = list(kserve_logger.handlers)
         ours.setLevel(logging.INFO)
