@@ -43,7 +43,9 @@ def log_where_vllm_logs() -> None:
 
     vLLM configures only its ``vllm`` logger, so in an offline ``LLM`` the plugin's records (which graphs were
     captured, which settings were overridden) reached no handler. Where the application configured logging itself
-    (a root handler, or these loggers' own: the predictor gives them KServe's format), nothing changes.
+    (a root handler, or these loggers' own: the predictor gives them KServe's format), nothing changes. Like vLLM's
+    own logger, a logger given vLLM's handlers stops propagating, so a root handler added later (a library's
+    ``basicConfig`` in the engine process) does not print each record a second time.
     """
     vllm_logger = logging.getLogger("vllm")
     if not vllm_logger.handlers or logging.getLogger().handlers:
@@ -53,6 +55,7 @@ def log_where_vllm_logs() -> None:
         if not ours.handlers:
             ours.handlers = list(vllm_logger.handlers)
             ours.setLevel(vllm_logger.level)
+            ours.propagate = vllm_logger.propagate
 
 
 def register() -> None:

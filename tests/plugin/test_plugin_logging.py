@@ -57,6 +57,20 @@ def test_engine_side_records_reach_vllms_handlers(loggers: dict[str, logging.Log
     assert vllm_handler.messages == ["graphs captured"]
 
 
+def test_a_root_handler_added_later_does_not_print_the_records_twice(loggers: dict[str, logging.Logger]) -> None:
+    vllm_handler = Kept()
+    loggers["vllm"].addHandler(vllm_handler)
+    loggers["vllm"].setLevel(logging.INFO)
+    loggers["vllm"].propagate = False  # as vLLM's own logging configuration sets it
+    late_root = Kept()
+    with root_handlers():
+        log_where_vllm_logs()
+        logging.getLogger().addHandler(late_root)
+        logging.getLogger("clef_plugin.prompt_graphs").info("graphs captured")
+    assert vllm_handler.messages == ["graphs captured"]
+    assert late_root.messages == []
+
+
 def test_a_logger_the_application_configured_is_left_alone(loggers: dict[str, logging.Logger]) -> None:
     loggers["vllm"].addHandler(Kept())
     own = Kept()
