@@ -17,9 +17,10 @@ one rank the shard is the full table and nothing is copied. Pipeline parallelism
 CUDA graphs: unless the engine runs eagerly (``enforce_eager``), a step that completes one request on
 a GPU runs the head as a CUDA graph captured for that request's bucketed shape
 (:class:`clef_head.graphs.GraphedHead`); steps completing several requests run the batched forward.
-Every bucket's graph is captured right after loading, so no request pays for a capture. With
-``additional_config={"clef_lone_prompt_graphs": true}`` (off by default), a step that runs one prompt, whole,
-replays a CUDA graph of the whole backbone instead of vLLM's piecewise graphs (:mod:`clef_plugin.prompt_graphs`).
+Every bucket's graph is captured right after loading, so no request pays for a capture. A step that runs one
+prompt, whole, replays a CUDA graph of the whole backbone instead of vLLM's piecewise graphs
+(:mod:`clef_plugin.prompt_graphs`, which says when; ``additional_config={"clef_lone_prompt_graphs": false}`` turns
+them off).
 """
 
 from __future__ import annotations

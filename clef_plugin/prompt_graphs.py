@@ -18,9 +18,10 @@ reports ready): each against static copies of that step's attention metadata reb
 eagerly first on vLLM's null block (so every kernel is compiled and tuned before capture). A replay copies the
 step's token ids, positions, sequence bounds, KV-cache slots, block table and state slots into the static copies.
 
-The graphs are off unless ``additional_config={"clef_lone_prompt_graphs": true}``: a first version, which ran the
-padding as part of the sequence, answered lone prompts with NaN where padded keys met uninitialised KV-cache
-memory on an H200, and this version has not yet been measured there (BENCHMARKS.md, R23).
+The graphs are on unless ``additional_config={"clef_lone_prompt_graphs": false}`` turns them off. They are measured
+with FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md, R24: lone prompts' answers as close to the
+batched pass's as with vLLM's piecewise graphs); with FlashInfer's Gated DeltaNet prefill, not yet measured under
+them, they run only when that key is set to true.
 
 This module is the one place that leans on vLLM's attention metadata (``FlashAttentionMetadata``,
 ``GDNAttentionMetadata`` and the helpers their builders call); tests pin the fields it reads and writes. Steps
@@ -53,23 +54,32 @@ from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 logger = logging.getLogger(__name__)
 
 SWITCH = "clef_lone_prompt_graphs"
-"""``additional_config`` key: true turns the graphs on (see the module docstring for why they are off by default)."""
+"""``additional_config`` key: false turns the graphs off; true also asks for them over FlashInfer's Gated DeltaNet
+prefill (see the module docstring)."""
 NULL_BLOCK = 0
 """vLLM's null block: never given to a request; the capture runs' Gated DeltaNet state goes there."""
 PAD_SLOT = -1
 """A KV-cache slot that vLLM's cache writes skip."""
-GRAPHED_GDN_BACKENDS = ("triton", "flashinfer")
-"""Gated DeltaNet prefill backends whose chunk metadata :class:`DeltaNetCopy` builds (FLA's layout)."""
+MEASURED_GDN_BACKENDS = ("triton",)
+"""Gated DeltaNet prefill backends whose whole-forward graphs were measured right on a GPU: on by default."""
+ASKED_GDN_BACKENDS = ("flashinfer",)
+"""Gated DeltaNet prefill backends that read the metadata :class:`DeltaNetCopy` builds (FLA's layout), not yet
+measured under the graphs: on only when ``additional_config`` sets :data:`SWITCH` to true."""
 
 Backbone = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """The backbone's forward: (token ids [N], positions [..., N]) → hidden states [N, hidden]."""
 
 
 def why_not_graphed(vllm_config: VllmConfig) -> str | None:
-    """Why an engine with ``vllm_config`` cannot replay whole-forward graphs for lone prompts, or None when it can."""
-    additional = vllm_config.additional_config
-    if not (isinstance(additional, dict) and additional.get(SWITCH) is True):
-        return f"they are off unless additional_config sets {SWITCH} to true"
+    """Why an engine with ``vllm_config`` cannot replay whole-forward graphs for lone prompts, or None when it can.
+
+    Raises ValueError when ``additional_config`` sets :data:`SWITCH` to anything but true or false."""
+    additional = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+    asked = additional.get(SWITCH)
+    if SWITCH in additional and not isinstance(asked, bool):
+        raise ValueError(f"additional_config {SWITCH} must be true or false, got {asked!r}")
+    if asked is False:
+        return f"additional_config sets {SWITCH} to false"
     if not current_platform.is_cuda():
         return "the engine does not run on a CUDA GPU"
     if vllm_config.model_config.enforce_eager:
@@ -78,10 +88,20 @@ def why_not_graphed(vllm_config: VllmConfig) -> str | None:
         return f"cudagraph_mode is {vllm_config.compilation_config.cudagraph_mode.name}, not PIECEWISE"
     if vllm_config.parallel_config.world_size > 1:
         return "the engine is split over several GPUs"
-    backend = _resolve_gdn_prefill_backend(vllm_config)[1]
-    if backend not in GRAPHED_GDN_BACKENDS:
-        return f"the Gated DeltaNet prefill backend is {backend}"
-    return None
+    return gdn_backend_refusal(_resolve_gdn_prefill_backend(vllm_config)[1], asked=asked is True)
+
+
+def gdn_backend_refusal(backend: str, *, asked: bool) -> str | None:
+    """Why the graphs do not run over the Gated DeltaNet prefill ``backend``, or None when they do; ``asked``:
+    ``additional_config`` sets :data:`SWITCH` to true."""
+    if backend in MEASURED_GDN_BACKENDS or (asked and backend in ASKED_GDN_BACKENDS):
+        return None
+    if backend in ASKED_GDN_BACKENDS:
+        return (
+            f"the Gated DeltaNet prefill backend is {backend}, under which they are not yet measured "
+            f"(additional_config {SWITCH}: true asks for them)"
+        )
+    return f"the Gated DeltaNet prefill backend is {backend}"
 
 
 def whole_prompt_limit(vllm_config: VllmConfig) -> int:

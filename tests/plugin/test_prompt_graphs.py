@@ -23,6 +23,7 @@ from clef_plugin.prompt_graphs import (
     AttentionCopy,
     DeltaNetCopy,
     LonePromptGraphs,
+    gdn_backend_refusal,
     lone_prompt_tokens,
     unsupported_backends,
     whole_prompt_limit,
@@ -209,16 +210,30 @@ def config(**overrides: Any) -> Any:
     )
 
 
-def test_the_graphs_are_off_unless_asked_for_and_need_a_cuda_engine() -> None:
-    off = f"they are off unless additional_config sets {SWITCH} to true"
-    assert why_not_graphed(config()) == off
-    assert why_not_graphed(config(additional_config={SWITCH: False})) == off
-    on = {SWITCH: True}
-    if not torch.cuda.is_available():
-        assert why_not_graphed(config(additional_config=on)) == "the engine does not run on a CUDA GPU"
-    else:
-        assert why_not_graphed(config(additional_config=on, enforce_eager=True)) == "the engine runs eagerly"
-        assert why_not_graphed(config(additional_config=on, world_size=2)) == "the engine is split over several GPUs"
+def test_the_graphs_are_on_unless_turned_off_and_need_a_cuda_engine() -> None:
+    assert why_not_graphed(config(additional_config={SWITCH: False})) == f"additional_config sets {SWITCH} to false"
+    for settings in ({}, {SWITCH: True}):
+        if not torch.cuda.is_available():
+            assert why_not_graphed(config(additional_config=settings)) == "the engine does not run on a CUDA GPU"
+        else:
+            assert why_not_graphed(config(additional_config=settings, enforce_eager=True)) == "the engine runs eagerly"
+            split = config(additional_config=settings, world_size=2)
+            assert why_not_graphed(split) == "the engine is split over several GPUs"
+
+
+@pytest.mark.parametrize("value", ["true", 1, None])
+def test_a_switch_that_is_not_a_boolean_is_refused_by_name(value: object) -> None:
+    with pytest.raises(ValueError, match=f"additional_config {SWITCH} must be true or false"):
+        why_not_graphed(config(additional_config={SWITCH: value}))
+
+
+def test_flashinfers_delta_net_prefill_takes_the_graphs_only_when_asked() -> None:
+    assert gdn_backend_refusal("triton", asked=False) is None
+    assert gdn_backend_refusal("triton", asked=True) is None
+    assert gdn_backend_refusal("flashinfer", asked=True) is None
+    refusal = gdn_backend_refusal("flashinfer", asked=False)
+    assert refusal is not None and "not yet measured" in refusal and f"{SWITCH}: true" in refusal
+    assert gdn_backend_refusal("cutedsl", asked=True) == "the Gated DeltaNet prefill backend is cutedsl"
 
 
 def test_a_prompt_is_whole_below_the_token_budget_and_the_long_prefill_threshold() -> None:
