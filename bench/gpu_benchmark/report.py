@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_benchmark.names import ENGINE_CASES, HTTP_CASES, agreement_pairs, base_case
-from bench.gpu_benchmark.workdir import load_encoded
+from bench.gpu_benchmark.workdir import load_encoded, logits_file
 
 
 def environment() -> dict[str, Any]:
@@ -34,7 +34,8 @@ def environment() -> dict[str, Any]:
 
 
 def agreement(work: Path) -> dict[str, Any]:
-    """Top-1 agreement and KL for every pair of cases whose logits exist in ``work``."""
+    """Top-1 agreement and KL for every pair of cases whose logits exist in ``work``: their batched passes', and
+    their lone records' where both kept them (a lone record's step may run another graph than a batch's)."""
     import torch
 
     from bench.agreement import question_agreement
@@ -43,9 +44,15 @@ def agreement(work: Path) -> dict[str, Any]:
     present = [path.name[len("logits-") : -len(".pt")] for path in work.glob("logits-*.pt")]
     found: dict[str, Any] = {}
     for reference, candidate in agreement_pairs(present):
-        first, second = (torch.load(work / f"logits-{name}.pt") for name in (reference, candidate))
-        common = min(len(first), len(second))  # the transformers case may score a prefix only
-        found[f"{reference} vs {candidate}"] = question_agreement(layouts[:common], first[:common], second[:common])
+        for lone, label in ((False, ""), (True, ", lone records")):
+            files = [logits_file(work, name, lone=lone) for name in (reference, candidate)]
+            if not all(path.is_file() for path in files):
+                continue
+            first, second = (torch.load(path) for path in files)
+            common = min(len(first), len(second))  # the transformers case may score a prefix only
+            found[f"{reference} vs {candidate}{label}"] = question_agreement(
+                layouts[:common], first[:common], second[:common]
+            )
     return found
 
 

@@ -71,6 +71,7 @@ def case_vllm(
 
     started = time.perf_counter()
     encode(range(min(WARMUP_RECORDS, len(ids))))
+    encode([0])  # a lone record too, as the predictor's warm-up: the plugin captures its lone-prompt graphs here
     result["warmup_s"] = round(time.perf_counter() - started, 2)
     seconds, outputs = timed_passes(lambda: encode(range(len(ids))), args.repeats, "cpu")
     result.update(repeated_rates(len(ids), sum(map(len, ids)), seconds))
@@ -89,6 +90,7 @@ def case_vllm(
     result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
     if not stock and alone:  # a lone record's step may run another graph than its batch's (whole-forward graphs)
         result["single_against_batched"] = question_agreement(layouts[: len(alone)], outputs[: len(alone)], alone)
+        save_logits(work, key, alone, lone=True)
     if args.profile:
         result["profile"] = {}
         for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):

@@ -29,7 +29,12 @@ def load_encoded(work: Path) -> tuple[list[list[int]], list[Any]]:
     return [item["input_ids"] for item in data], [RecordLayout.from_wire(item["layout"]) for item in data]
 
 
-def save_logits(work: Path, case: str, logits: list[Any]) -> None:
+def logits_file(work: Path, case: str, *, lone: bool = False) -> Path:
+    """Where a case's option logits are kept: its batched passes', or (``lone``) its lone records'."""
+    return work / f"{'lone-' if lone else ''}logits-{case}.pt"
+
+
+def save_logits(work: Path, case: str, logits: list[Any], *, lone: bool = False) -> None:
     import torch
 
-    torch.save([value.float().cpu() for value in logits], work / f"logits-{case}.pt")
+    torch.save([value.float().cpu() for value in logits], logits_file(work, case, lone=lone))

@@ -355,3 +355,31 @@ def test_vision_case_process_gets_the_vision_options() -> None:
     child = build_parser().parse_args(child_command(args, "vision")[3:])
     assert (child.run_case, child.vision_records, child.vision_latency_requests, child.seed) == ("vision", 12, 3, 5)
     assert child.vision_max_model_len == 4096
+
+
+def test_lone_records_are_compared_between_a_variant_and_its_plain_case(tmp_path: Path) -> None:
+    """A variant that changes only lone steps (whole-forward graphs) shows in its lone records' agreement, which
+    the batched passes' agreement cannot see."""
+    import torch
+
+    from bench.gpu_benchmark.report import agreement
+    from bench.gpu_benchmark.workdir import save_logits
+    from clef_head.layout import QuestionLayout, RecordLayout
+
+    question = QuestionLayout("q", 1, (0, 1), ((1, 2), (2, 3), (3, 4)), ("a", "b", "c"))
+    layout = RecordLayout(questions=(question,))
+    (tmp_path / "encoded.json").write_text(json.dumps([{"input_ids": [1, 2, 3, 4], "layout": layout.to_wire()}] * 2))
+    batched = [torch.tensor([2.0, 1.0, 0.0])] * 2
+    for case in ("vllm-fp8-graphs", "vllm-fp8-graphs+lone"):
+        save_logits(tmp_path, case, batched)
+    save_logits(tmp_path, "vllm-fp8-graphs", batched, lone=True)
+    save_logits(tmp_path, "vllm-fp8-graphs+lone", [torch.tensor([0.0, 1.0, 2.0])] * 2, lone=True)
+
+    found = agreement(tmp_path)
+
+    assert set(found) == {
+        "vllm-fp8-graphs vs vllm-fp8-graphs+lone",
+        "vllm-fp8-graphs vs vllm-fp8-graphs+lone, lone records",
+    }
+    assert found["vllm-fp8-graphs vs vllm-fp8-graphs+lone"]["top1_agreement"] == 1.0
+    assert found["vllm-fp8-graphs vs vllm-fp8-graphs+lone, lone records"]["top1_agreement"] == 0.0
