@@ -11,6 +11,10 @@ prefix yields enough tokens), never in full. Where the state fits, the whole tex
 unchanged; where it is cut, the kept tokens come from well before the prefix's end (``STATE_MARGIN_TOKENS``),
 where the cut cannot reach; the rest of the state is never rendered. Tokenizer calls hold one lock: a fast
 tokenizer shared across threads can fail with "Already borrowed" when two threads use it at once.
+
+The template's own pieces (the prompt's head and tail, the schema's headings, ``OPTION n:`` and line ends: about
+half of a record's tokenizer calls) are tokenized once per tokenizer and kept (:func:`template_ids`); pieces are
+tokenized one by one either way, so a prompt's ids do not depend on it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -47,6 +52,7 @@ CHARS_PER_TOKEN_GUESS = 2
 StateOverflow = Literal["truncate", "refuse"]
 STATE_OVERFLOW_CHOICES: tuple[str, ...] = ("truncate", "refuse")
 _tokenizer_lock = threading.Lock()
+_template_cache: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
 
 
 class Tokenizer(Protocol):
@@ -218,6 +224,20 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def template_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """:func:`_ids` of a piece of the prompt's template, tokenized once per tokenizer (a tokenizer that cannot be
+    weakly referenced is asked every time). Call it only with text that comes from the template, never from a
+    request: the kept pieces must stay few."""
+    try:
+        kept = _template_cache.setdefault(tokenizer, {})
+    except TypeError:
+        return _ids(tokenizer, text)
+    ids = kept.get(text)
+    if ids is None:
+        ids = kept[text] = tuple(_ids(tokenizer, text))
+    return list(ids)
+
+
 def state_ids(tokenizer: Tokenizer, text: str | LazyText, room: int) -> tuple[list[int], int, bool]:
     """The first ``room`` tokens of ``text``, rendering and tokenizing only as much of it as needed.
 
@@ -257,7 +277,7 @@ def _encode(
     overflow: StateOverflow,
     media: EncodedMedia | None,
 ) -> EncodedRequest:
-    schema = _ids(tokenizer, "\n\nSCHEMA FIELDS:\n")
+    schema = template_ids(tokenizer, "\n\nSCHEMA FIELDS:\n")
     relative: list[QuestionLayout] = []
     for number, (question_id, question) in enumerate(request.questions.items(), start=1):
         schema += _ids(
@@ -270,11 +290,11 @@ def _encode(
         question_start = len(schema)
         schema += _ids(tokenizer, render_json(instructions))
         question_span = (question_start, len(schema))
-        schema += _ids(tokenizer, "\nALLOWED OPTIONS:\n")
+        schema += template_ids(tokenizer, "\nALLOWED OPTIONS:\n")
         spans: list[tuple[int, int]] = []
         option_ids: list[str] = []
         for option_number, (option_id, description) in enumerate(question_options(question), start=1):
-            schema += _ids(tokenizer, f"OPTION {option_number}: ")
+            schema += template_ids(tokenizer, f"OPTION {option_number}: ")
             option_start = len(schema)
             option_text: dict[str, Any] = {"option_id": option_id}
             if description is not None:
@@ -282,8 +302,8 @@ def _encode(
             schema += _ids(tokenizer, render_json(option_text))
             spans.append((option_start, len(schema)))
             option_ids.append(option_id)
-            schema += _ids(tokenizer, "\n")
-        schema += _ids(tokenizer, "END FIELD\n")
+            schema += template_ids(tokenizer, "\n")
+        schema += template_ids(tokenizer, "END FIELD\n")
         relative.append(
             QuestionLayout(
                 question_id=question_id,
@@ -294,11 +314,11 @@ def _encode(
             )
         )
 
-    head = _ids(tokenizer, PROMPT_HEAD)
+    head = template_ids(tokenizer, PROMPT_HEAD)
     media_offset = len(head)
     if media is not None:
         head += media.token_ids
-    tail = _ids(tokenizer, PROMPT_TAIL)
+    tail = template_ids(tokenizer, PROMPT_TAIL)
     fixed = len(head) + len(schema) + len(tail)
     if fixed > max_length:
         raise SchemaTooLong(fixed, max_length)

@@ -1,5 +1,6 @@
 """The encoder's bounds: a long state is tokenized from a prefix only, with the same kept tokens as a full
-tokenization; refusing an overflow names the counts; encoding is safe from many threads at once."""
+tokenization; refusing an overflow names the counts; encoding is safe from many threads at once; the template's
+pieces are tokenized once per tokenizer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from clef_head.encoder import CHARS_PER_TOKEN_GUESS, STATE_MARGIN_TOKENS, StateTooLong, encode_request, render_json
+from clef_head.encoder import (
+    CHARS_PER_TOKEN_GUESS,
+    PROMPT_HEAD,
+    PROMPT_TAIL,
+    STATE_MARGIN_TOKENS,
+    StateTooLong,
+    encode_request,
+    render_json,
+)
 from clef_head.request import parse_request
 
 MAX_LENGTH = 512
@@ -31,8 +40,11 @@ class CountingTokenizer:
         self.inner = inner
         self.lengths: list[int] = []
 
+        self.texts: list[str] = []
+
     def __call__(self, text: str, add_special_tokens: bool = False) -> Any:
         self.lengths.append(len(text))
+        self.texts.append(text)
         return self.inner(text, add_special_tokens=add_special_tokens)
 
 
@@ -154,3 +166,20 @@ def test_truncation_matches_the_release_code_at_every_cut(
     theirs = reference.encode_record(tokenizer, _body(state), max_length=max_length)
     assert ours.input_ids == list(theirs.input_ids)
     assert ours.state_truncated
+
+
+def test_the_templates_pieces_are_tokenized_once_per_tokenizer(tokenizer: Any, reference: ModuleType) -> None:
+    counting = CountingTokenizer(tokenizer)
+    body = _body(_words(60, seed=5))
+    first = encode_request(counting, parse_request(body), max_length=MAX_LENGTH)
+    asked_first = list(counting.texts)
+    counting.texts.clear()
+    second = encode_request(counting, parse_request(body), max_length=MAX_LENGTH)
+    assert first.input_ids == second.input_ids
+    assert second.input_ids == list(reference.encode_record(tokenizer, body, max_length=MAX_LENGTH).input_ids)
+    for piece in (PROMPT_HEAD, PROMPT_TAIL, "\nALLOWED OPTIONS:\n", "OPTION 1: ", "END FIELD\n"):
+        assert piece in asked_first and piece not in counting.texts
+    assert render_json({"option_id": "a", "description": "first"}) in counting.texts  # the request's own text
+    other = CountingTokenizer(tokenizer)  # another tokenizer object: pieces of its own
+    encode_request(other, parse_request(body), max_length=MAX_LENGTH)
+    assert PROMPT_HEAD in other.texts
