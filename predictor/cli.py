@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clef_head.checkpoint import is_random_release
+from clef_plugin import ENGINE_SIDE_LOGGERS
 from clef_plugin.api import PluginSettingConflict
 from predictor.config import config_from_args
 from predictor.demo import RANDOM_WARNING, demo_release
@@ -167,7 +168,7 @@ def configure_logging(args: argparse.Namespace) -> None:
         kserve_logging.configure_logging(args.log_config_file)
     kserve_logger = logging.getLogger(kserve_logging.KSERVE_LOGGER_NAME)
     kserve_logger.addFilter(NotReadyTracebackFilter())
-    for name in ("predictor", "clef_head", "clef_plugin"):
+    for name in ("predictor", *ENGINE_SIDE_LOGGERS):
         ours = logging.getLogger(name)
         ours.handlers = list(kserve_logger.handlers)
         ours.setLevel(logging.INFO)
