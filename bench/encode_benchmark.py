@@ -5,7 +5,8 @@
 The bodies are the GPU benchmark's sized records (``clef_tools.sized_records``, seed 0), the tokenizer is
 Qwen3.5's vocabulary run by the ``tokenizers`` library, as in the predictor's encode workers
 (:class:`predictor.serving.prepare.ReleaseTokenizer`). Prints one JSON line: milliseconds per body (median of the
-timed passes, each over every record, after one untimed pass) and the tokenizer calls per body, then a summary.
+timed passes, each over every record, after one untimed pass that counts the prompt tokens) and the tokenizer
+calls per body, then a summary.
 No worker hop and no HTTP: the part of the predictor's encode stage that runs in a worker.
 """
 
@@ -62,7 +63,7 @@ def main() -> None:
             prepare_json(encoder, settings, body, "application/json")
         return (time.perf_counter() - started) / len(bodies)
 
-    one_pass(tokenizer)
+    lengths = [len(prepare_json(tokenizer, settings, body, "application/json")[1].input_ids) for body in bodies]
     passes = [one_pass(tokenizer) for _ in range(args.repeats)]
     counter = CallCounter(tokenizer)
     one_pass(counter)  # a tokenizer object seen for the first time: it pays for the template's pieces once
@@ -70,12 +71,7 @@ def main() -> None:
     one_pass(counter)
     result = {
         "records": len(bodies),
-        "prompt_tokens_mean": round(
-            statistics.mean(
-                len(prepare_json(tokenizer, settings, body, "application/json")[1].input_ids) for body in bodies
-            ),
-            1,
-        ),
+        "prompt_tokens_mean": round(statistics.mean(lengths), 1),
         "ms_per_body": round(1000 * statistics.median(passes), 3),
         "ms_per_body_min_max": [round(1000 * min(passes), 3), round(1000 * max(passes), 3)],
         "tokenizer_calls_per_body": round(counter.calls / len(bodies), 2),
