@@ -3,10 +3,12 @@
 A lone prompt's whole-forward CUDA graph runs the backbone's linear layers on as many rows as the graph's size.
 This script times exactly those GEMMs, with the kernel vLLM runs for the FP8 release on Hopper
 (``vllm._custom_ops.cutlass_scaled_mm``: FP8 activations with a scale per row, FP8 weights with a scale per
-output channel, BF16 out) at the full shape's layer sizes (``clef_tools.fullsize.FULL_TEXT``: every layer's MLP,
+output channel, BF16 out) and, beside it, PyTorch's own (``torch._scaled_mm``, cuBLASLt, the same scales), at the
+full shape's layer sizes (``clef_tools.fullsize.FULL_TEXT``: every layer's MLP,
 every fourth layer's full attention, the others' Gated DeltaNet projections). One forward's GEMMs are captured as
-one CUDA graph per row count and replayed, so the figure is GPU time, not launches. Printed per row count: the
-median milliseconds of one forward's GEMMs over ``--repeats`` timings of ``--replays`` replays each.
+one CUDA graph per row count and kernel and replayed, so the figure is GPU time, not launches. Printed per row
+count and kernel: the median milliseconds of one forward's GEMMs over ``--repeats`` timings of ``--replays`` replays
+each.
 
     python3 -m bench.fp8_gemm_rows --rows 384,448,480,512,513,544,576,640
 """
@@ -57,10 +59,16 @@ def backbone_gemms(text: Mapping[str, Any]) -> list[Gemm]:
     ]
 
 
-def time_forward_gemms(gemms: list[Gemm], rows: int, replays: int, repeats: int) -> float:
-    """Median milliseconds of one forward's GEMMs at ``rows`` rows (CUDA only)."""
+KERNELS = ("cutlass", "torch")
+"""vLLM's CUTLASS FP8 GEMM, PyTorch's ``_scaled_mm``."""
+
+
+def time_forward_gemms(gemms: list[Gemm], rows: int, kernel: str, replays: int, repeats: int) -> float:
+    """Median milliseconds of one forward's GEMMs at ``rows`` rows with ``kernel`` (CUDA only)."""
     import torch
     from vllm import _custom_ops as ops
+
+    scaled_mm = ops.cutlass_scaled_mm if kernel == "cutlass" else torch._scaled_mm
 
     generator = torch.Generator(device="cuda").manual_seed(rows)
     calls = []
@@ -74,7 +82,7 @@ def time_forward_gemms(gemms: list[Gemm], rows: int, replays: int, repeats: int)
 
     def forward() -> None:
         for activations, weight_t, row_scale, channel_scale in calls:
-            ops.cutlass_scaled_mm(activations, weight_t, row_scale, channel_scale, out_dtype=torch.bfloat16)
+            scaled_mm(activations, weight_t, row_scale, channel_scale, out_dtype=torch.bfloat16)
 
     forward()
     torch.cuda.synchronize()
@@ -109,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
 
     gemms = backbone_gemms(FULL_TEXT)
     for rows in (int(value) for value in args.rows.split(",")):
-        ms = time_forward_gemms(gemms, rows, args.replays, args.repeats)
-        print(json.dumps({"rows": rows, "gemm_ms_per_forward": round(ms, 3)}), flush=True)
+        ms: dict[str, float | str] = {}
+        for kernel in KERNELS:
+            try:
+                ms[kernel] = round(time_forward_gemms(gemms, rows, kernel, args.replays, args.repeats), 3)
+            except RuntimeError as exc:  # a shape the kernel refuses: said in the output, the other still timed
+                ms[kernel] = f"refused: {str(exc).splitlines()[0][:160]}"
+        print(json.dumps({"rows": rows, "gemm_ms_per_forward": ms}), flush=True)
     return 0
 
 
