@@ -1,14 +1,15 @@
 """The backbone's FP8 GEMMs for one prompt, by the prompt's row count, on one GPU.
 
 A lone prompt's whole-forward CUDA graph runs the backbone's linear layers on as many rows as the graph's size.
-This script times exactly those GEMMs, with the kernel vLLM runs for the FP8 release on Hopper
-(``vllm._custom_ops.cutlass_scaled_mm``: FP8 activations with a scale per row, FP8 weights with a scale per
-output channel, BF16 out) and, beside it, PyTorch's own (``torch._scaled_mm``, cuBLASLt, the same scales), at the
-full shape's layer sizes (``clef_tools.fullsize.FULL_TEXT``: every layer's MLP,
-every fourth layer's full attention, the others' Gated DeltaNet projections). One forward's GEMMs are captured as
+This script times exactly those GEMMs at the full shape's layer sizes (``clef_tools.fullsize.FULL_TEXT``: every
+layer's MLP, every fourth layer's full attention, the others' Gated DeltaNet projections), with the kernel vLLM
+runs for the FP8 release on Hopper (``vllm._custom_ops.cutlass_scaled_mm``: FP8 activations with a scale per row,
+FP8 weights with a scale per output channel, BF16 out) and, beside it, PyTorch's own (``torch._scaled_mm``,
+cuBLASLt, the same scales). Each layer kind has one weight tensor that all its layers read (the smaller ones may
+stay in the GPU's L2 cache from one layer to the next, for both kernels alike). One forward's GEMMs are captured as
 one CUDA graph per row count and kernel and replayed, so the figure is GPU time, not launches. Printed per row
-count and kernel: the median milliseconds of one forward's GEMMs over ``--repeats`` timings of ``--replays`` replays
-each.
+count and kernel: the median milliseconds of one forward's GEMMs over ``--repeats`` timings of ``--replays``
+replays each.
 
     python3 -m bench.fp8_gemm_rows --rows 384,448,480,512,513,544,576,640
 """
