@@ -37,9 +37,11 @@ class Gemm:
 def backbone_gemms(text: Mapping[str, Any]) -> list[Gemm]:
     """The quantized linear layers of one forward of a Qwen3.5 text model of sizes ``text`` (vLLM's merged
     projections; every fourth layer is full attention, with its output gate)."""
+    from clef_tools.tiny import layer_types
+
     hidden = int(text["hidden_size"])
     layers = int(text["num_hidden_layers"])
-    full = layers // 4
+    full = layer_types(layers).count("full_attention")
     linear = layers - full
     heads, kv_heads, head_dim = (
         int(text["num_attention_heads"]),

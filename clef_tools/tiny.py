@@ -159,6 +159,15 @@ VISION_PATCHING: dict[str, Any] = dict(
 """The vision tower's patching and activation, the same at every scale (Qwen3.5's; its processor's patches)."""
 
 
+FULL_ATTENTION_INTERVAL = 4
+"""Every fourth layer of Qwen3.5 is full attention; the others are Gated DeltaNet."""
+
+
+def layer_types(layers: int) -> list[str]:
+    """Qwen3.5's kind of each of ``layers`` layers (``Qwen3_5TextConfig.layer_types``)."""
+    return ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention" for i in range(layers)]
+
+
 def backbone_config(text_shape: dict[str, Any], vision_shape: dict[str, Any], token_id: dict[str, int]) -> Any:
     """A ``Qwen3_5Config``: the given text sizes, every fourth layer full attention, and a vision tower of the
     given sizes (:data:`VISION_PATCHING`, its output projected to the text hidden size)."""
@@ -168,10 +177,8 @@ def backbone_config(text_shape: dict[str, Any], vision_shape: dict[str, Any], to
     mrope_section = shape.pop("mrope_section")
     text = dict(
         shape,
-        layer_types=[
-            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["num_hidden_layers"])
-        ],
-        full_attention_interval=4,
+        layer_types=layer_types(shape["num_hidden_layers"]),
+        full_attention_interval=FULL_ATTENTION_INTERVAL,
         hidden_act="silu",
         rms_norm_eps=1e-6,
         initializer_range=0.02,
