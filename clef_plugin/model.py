@@ -17,10 +17,10 @@ one rank the shard is the full table and nothing is copied. Pipeline parallelism
 CUDA graphs: unless the engine runs eagerly (``enforce_eager``), a step that completes one request on
 a GPU runs the head as a CUDA graph captured for that request's bucketed shape
 (:class:`clef_head.graphs.GraphedHead`); steps completing several requests run the batched forward.
-Every bucket's graph is captured right after loading, so no request pays for a capture. A step that runs one
-prompt, whole, replays a CUDA graph of the whole backbone instead of vLLM's piecewise graphs
-(:mod:`clef_plugin.prompt_graphs`, which says when; ``additional_config={"clef_lone_prompt_graphs": false}`` turns
-them off).
+Every bucket's graph is captured right after loading, so no request pays for a capture. A step that runs one to
+a few prompts replays a CUDA graph of the whole backbone instead of vLLM's piecewise graphs
+(:mod:`clef_plugin.prompt_graphs`, which says when; ``additional_config={"clef_prompt_graphs": false}`` turns them
+off).
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         self.pooler = JointSchemaPooler(self.lexical_table)
         skip_router_gemm_warmup(self)  # a dense backbone: no MoE router to warm up GEMMs for
         # imported here, in the engine's process: it imports vLLM's attention backends, which the front end never needs
-        from clef_plugin.prompt_graphs import lone_prompt_graphs
+        from clef_plugin.prompt_graphs import whole_forward_graphs
 
-        self.lone_prompts = lone_prompt_graphs(vllm_config, self.backbone)
+        self.prompt_graphs = whole_forward_graphs(vllm_config, self.backbone)
 
     def backbone(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """vLLM's Qwen3.5 forward on token ids: the final hidden states."""
@@ -106,9 +106,9 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor | IntermediateTensors:
-        """A step of one prompt, whole, on token ids replays its whole-forward graph; any other runs vLLM's forward."""
-        if self.lone_prompts is not None and inputs_embeds is None and not kwargs:
-            hidden_states = self.lone_prompts.forward(input_ids, positions)
+        """A step of a few prompts on token ids replays a whole-forward graph; any other runs vLLM's forward."""
+        if self.prompt_graphs is not None and inputs_embeds is None and not kwargs:
+            hidden_states = self.prompt_graphs.forward(input_ids, positions)
             if hidden_states is not None:
                 return hidden_states
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
