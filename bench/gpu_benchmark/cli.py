@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine case (median, min, max)")
     parser.add_argument("--latency-records", type=int, default=64, help="records sent one at a time for latency")
     parser.add_argument(
+        "--group-sizes",
+        type=lambda text: [int(v) for v in text.split(",") if v],
+        default=[2, 4],
+        help="the latency records are also sent this many at a time (one encode call each; empty: none)",
+    )
+    parser.add_argument(
         "--vision-records", type=int, default=64, help="records per image set in the vision case's throughput passes"
     )
     parser.add_argument(

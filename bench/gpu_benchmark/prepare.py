@@ -75,7 +75,7 @@ def prepare(args: argparse.Namespace, work: Path, deadline: float) -> dict[str, 
             work / "encoded.json", [{"input_ids": item.input_ids, "layout": item.layout.to_wire()} for item in encoded]
         )
         write_json(meta_file, meta)
-        for stale in [*work.glob("logits-*.pt"), *work.glob("lone-logits-*.pt")]:  # other records' logits
+        for stale in work.glob("*logits-*.pt"):  # other records' logits
             stale.unlink()
         result["records_s"] = round(time.perf_counter() - started, 1)
     ids, layouts = load_encoded(work)

@@ -86,6 +86,8 @@ def child_command(args: argparse.Namespace, key: str) -> list[str]:
         str(args.http_requests),
         "--latency-records",
         str(args.latency_records),
+        "--group-sizes",
+        ",".join(map(str, args.group_sizes)),
         "--seed",
         str(args.seed),
         "--vision-records",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_benchmark.names import ENGINE_CASES, HTTP_CASES, agreement_pairs, base_case
-from bench.gpu_benchmark.workdir import load_encoded, logits_file
+from bench.gpu_benchmark.workdir import LONE, load_encoded, logits_file, logits_kinds
 
 
 def environment() -> dict[str, Any]:
@@ -35,7 +35,7 @@ def environment() -> dict[str, Any]:
 
 def agreement(work: Path) -> dict[str, Any]:
     """Top-1 agreement and KL for every pair of cases whose logits exist in ``work``: their batched passes', and
-    their lone records' where both kept them (a lone record's step may run another graph than a batch's)."""
+    their lone records' and small groups' where both kept them (such a step may run another graph than a batch's)."""
     import torch
 
     from bench.agreement import question_agreement
@@ -44,8 +44,9 @@ def agreement(work: Path) -> dict[str, Any]:
     present = [path.name[len("logits-") : -len(".pt")] for path in work.glob("logits-*.pt")]
     found: dict[str, Any] = {}
     for reference, candidate in agreement_pairs(present):
-        for lone, label in ((False, ""), (True, ", lone records")):
-            files = [logits_file(work, name, lone=lone) for name in (reference, candidate)]
+        for kind in logits_kinds(work):
+            label = f", {'lone records' if kind == LONE else kind.replace('-', ' ')}" if kind else ""
+            files = [logits_file(work, name, kind) for name in (reference, candidate)]
             if not all(path.is_file() for path in files):
                 continue
             first, second = (torch.load(path) for path in files)
@@ -116,6 +117,8 @@ def summarize(work: Path, summary: dict[str, Any]) -> str:
         if "single_against_batched" in r:
             alone = r["single_against_batched"]
             note += f"lone vs batched: top-1 {alone['top1_agreement']:.3f}, mean KL {alone['mean_kl']:.2e}"
+        for size, latency in r.get("group_ms", {}).items():
+            note += f"; groups of {size}: p50 {latency['p50']} ms"
         for label, profile in (r.get("profile") or {}).items():
             if "by_kind_share" in profile:
                 shares = ", ".join(f"{k} {v:.0%}" for k, v in list(profile["by_kind_share"].items())[:5])

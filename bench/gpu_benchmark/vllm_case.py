@@ -10,7 +10,7 @@ from typing import Any
 from bench.gpu_benchmark.engine_args import STOCK_TASK, plugin_engine_kwargs, start_engine, stock_engine_kwargs
 from bench.gpu_benchmark.timing import WARMUP_RECORDS, gpu_memory, percentiles, repeated_rates, timed_passes
 from bench.gpu_benchmark.traces import summarize_trace
-from bench.gpu_benchmark.workdir import load_encoded, save_logits
+from bench.gpu_benchmark.workdir import LONE, group_kind, load_encoded, save_logits
 
 PROFILE_RECORDS = 64
 
@@ -19,7 +19,8 @@ def case_vllm(
     args: argparse.Namespace, work: Path, releases: dict[str, str], precision: str, mode: str, stock: bool = False
 ) -> dict[str, Any]:
     """vLLM on the BF16 or FP8 release: ``--repeats`` throughput passes over all records, then
-    single-record latency, and (plugin) the lone records' logits against the same records' in the batched pass.
+    single-record latency and the latency of the same records sent a few at a time (``--group-sizes``), and
+    (plugin) those records' logits against the same records' in the batched pass.
     With the plugin (option logits) or ``stock`` (no plugin: last-token ``embed``)."""
     import vllm
 
@@ -90,7 +91,21 @@ def case_vllm(
     result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
     if not stock and alone:  # a lone record's step may run another graph than its batch's (whole-forward graphs)
         result["single_against_batched"] = question_agreement(layouts[: len(alone)], outputs[: len(alone)], alone)
-        save_logits(work, key, alone, lone=True)
+        save_logits(work, key, alone, LONE)
+    for size in args.group_sizes:  # one step of `size` prompts each (a small batch's whole-forward graph)
+        latencies, grouped = [], []
+        count = min(args.latency_records, len(ids)) // size * size
+        for first in range(0, count, size):
+            started = time.perf_counter()
+            grouped += encode(range(first, first + size))
+            latencies.append(1000 * (time.perf_counter() - started))
+        if not latencies:
+            continue
+        result.setdefault("group_ms", {})[str(size)] = percentiles(latencies)
+        if not stock:
+            agreement = question_agreement(layouts[:count], outputs[:count], grouped)
+            result.setdefault("groups_against_batched", {})[str(size)] = agreement
+            save_logits(work, key, grouped, group_kind(size))
     if args.profile:
         result["profile"] = {}
         for label, indices in (("batch", list(range(min(PROFILE_RECORDS, len(ids))))), ("single", [0])):

@@ -29,12 +29,28 @@ def load_encoded(work: Path) -> tuple[list[list[int]], list[Any]]:
     return [item["input_ids"] for item in data], [RecordLayout.from_wire(item["layout"]) for item in data]
 
 
-def logits_file(work: Path, case: str, *, lone: bool = False) -> Path:
-    """Where a case's option logits are kept: its batched passes', or (``lone``) its lone records'."""
-    return work / f"{'lone-' if lone else ''}logits-{case}.pt"
+LONE = "lone"
+"""The logits kind of a case's lone records."""
 
 
-def save_logits(work: Path, case: str, logits: list[Any], *, lone: bool = False) -> None:
+def group_kind(size: int) -> str:
+    """The logits kind of a case's records sent ``size`` at a time."""
+    return f"groups-of-{size}"
+
+
+def logits_file(work: Path, case: str, kind: str = "") -> Path:
+    """Where a case's option logits are kept: its batched passes', or those of its records sent as ``kind`` says
+    (:data:`LONE`, :func:`group_kind`)."""
+    return work / f"{kind + '-' if kind else ''}logits-{case}.pt"
+
+
+def logits_kinds(work: Path) -> list[str]:
+    """The kinds of logits kept in ``work``: the batched passes' (``""``) first."""
+    kinds = {path.name.split("logits-", 1)[0].removesuffix("-") for path in work.glob("*logits-*.pt")}
+    return sorted(kinds, key=lambda kind: (kind != "", kind))
+
+
+def save_logits(work: Path, case: str, logits: list[Any], kind: str = "") -> None:
     import torch
 
-    torch.save([value.float().cpu() for value in logits], logits_file(work, case, lone=lone))
+    torch.save([value.float().cpu() for value in logits], logits_file(work, case, kind))

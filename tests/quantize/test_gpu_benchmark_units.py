@@ -357,13 +357,13 @@ def test_vision_case_process_gets_the_vision_options() -> None:
     assert child.vision_max_model_len == 4096
 
 
-def test_lone_records_are_compared_between_a_variant_and_its_plain_case(tmp_path: Path) -> None:
+def test_lone_records_and_groups_are_compared_between_a_variant_and_its_plain_case(tmp_path: Path) -> None:
     """A variant that changes only lone steps (whole-forward graphs) shows in its lone records' agreement, which
     the batched passes' agreement cannot see."""
     import torch
 
     from bench.gpu_benchmark.report import agreement
-    from bench.gpu_benchmark.workdir import save_logits
+    from bench.gpu_benchmark.workdir import LONE, group_kind, save_logits
     from clef_head.layout import QuestionLayout, RecordLayout
 
     question = QuestionLayout("q", 1, (0, 1), ((1, 2), (2, 3), (3, 4)), ("a", "b", "c"))
@@ -372,14 +372,18 @@ def test_lone_records_are_compared_between_a_variant_and_its_plain_case(tmp_path
     batched = [torch.tensor([2.0, 1.0, 0.0])] * 2
     for case in ("vllm-fp8-graphs", "vllm-fp8-graphs+lone"):
         save_logits(tmp_path, case, batched)
-    save_logits(tmp_path, "vllm-fp8-graphs", batched, lone=True)
-    save_logits(tmp_path, "vllm-fp8-graphs+lone", [torch.tensor([0.0, 1.0, 2.0])] * 2, lone=True)
+    save_logits(tmp_path, "vllm-fp8-graphs", batched, LONE)
+    save_logits(tmp_path, "vllm-fp8-graphs+lone", [torch.tensor([0.0, 1.0, 2.0])] * 2, LONE)
+    save_logits(tmp_path, "vllm-fp8-graphs", batched, group_kind(2))
+    save_logits(tmp_path, "vllm-fp8-graphs+lone", batched, group_kind(2))
 
     found = agreement(tmp_path)
 
     assert set(found) == {
         "vllm-fp8-graphs vs vllm-fp8-graphs+lone",
         "vllm-fp8-graphs vs vllm-fp8-graphs+lone, lone records",
+        "vllm-fp8-graphs vs vllm-fp8-graphs+lone, groups of 2",
     }
     assert found["vllm-fp8-graphs vs vllm-fp8-graphs+lone"]["top1_agreement"] == 1.0
     assert found["vllm-fp8-graphs vs vllm-fp8-graphs+lone, lone records"]["top1_agreement"] == 0.0
+    assert found["vllm-fp8-graphs vs vllm-fp8-graphs+lone, groups of 2"]["top1_agreement"] == 1.0
