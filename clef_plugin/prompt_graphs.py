@@ -529,7 +529,9 @@ class PromptGraphs:
 
 
 def whole_forward_graphs(vllm_config: VllmConfig, backbone: Backbone) -> PromptGraphs | None:
-    """The engine's whole-forward graphs, or None (with the reason logged) when it cannot have them."""
+    """The engine's whole-forward graphs, or None (with the reason logged) when it cannot have them; ValueError for
+    a bad ``additional_config`` key of theirs, whatever the engine."""
+    most = max_prompts(vllm_config)
     reason = why_not_graphed(vllm_config)
     if reason is not None:
         logger.info("steps run vLLM's piecewise CUDA graphs: %s", reason)
@@ -538,4 +540,4 @@ def whole_forward_graphs(vllm_config: VllmConfig, backbone: Backbone) -> PromptG
     if not sizes:
         logger.info("steps run without CUDA graphs: the engine captures none")
         return None
-    return PromptGraphs(backbone, sizes, whole_prompt_limit(vllm_config), max_prompts(vllm_config))
+    return PromptGraphs(backbone, sizes, whole_prompt_limit(vllm_config), most)

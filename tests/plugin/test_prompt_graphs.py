@@ -35,6 +35,7 @@ from clef_plugin.prompt_graphs import (
     max_prompts,
     prompt_step,
     unsupported_backends,
+    whole_forward_graphs,
     whole_prompt_limit,
     why_not_graphed,
 )
@@ -404,6 +405,8 @@ def test_the_most_prompts_a_graph_takes_is_a_whole_number_from_one() -> None:
     for value in (0, 65, True, 2.0, "4"):
         with pytest.raises(ValueError, match=f"additional_config {MAX_PROMPTS_KEY} must be a whole number"):
             max_prompts(config(additional_config={MAX_PROMPTS_KEY: value}))
+    with pytest.raises(ValueError, match=MAX_PROMPTS_KEY):  # refused on any engine, one without graphs too
+        whole_forward_graphs(config(additional_config={SWITCH: False, MAX_PROMPTS_KEY: 0}), lambda ids, pos: ids)
 
 
 def test_flashinfers_delta_net_prefill_takes_the_graphs_only_when_asked() -> None:
