@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         args.http_variants = http_variants(args.http_args)
     except ValueError as exc:
         parser.error(str(exc))
+    if any(size < 1 for size in args.group_sizes):
+        parser.error("--group-sizes must be whole numbers of at least 1")
     if args.vision_records < 1 or args.vision_latency_requests < 1:
         parser.error("--vision-records and --vision-latency-requests must be at least 1")
     if not all(0.0 <= fraction <= 1.0 for fraction in args.http_repeat_fractions):

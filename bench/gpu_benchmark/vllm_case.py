@@ -92,7 +92,7 @@ def case_vllm(
     if not stock and alone:  # a lone record's step may run another graph than its batch's (whole-forward graphs)
         result["single_against_batched"] = question_agreement(layouts[: len(alone)], outputs[: len(alone)], alone)
         save_logits(work, key, alone, LONE)
-    for size in args.group_sizes:  # one step of `size` prompts each (a small batch's whole-forward graph)
+    for size in args.group_sizes:  # one encode call of `size` records each: vLLM may run them in one step or more
         latencies, grouped = [], []
         count = min(args.latency_records, len(ids)) // size * size
         for first in range(0, count, size):

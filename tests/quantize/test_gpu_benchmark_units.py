@@ -110,6 +110,7 @@ def test_variant_compilation_config_is_merged_into_the_mode() -> None:
         ["--cases", "prepare,vllm-fp8-eager+x", "--http-args", "x=--encode-processes 2"],
         ["--http-args", "x="],
         ["--http-args", "x='unclosed"],
+        ["--group-sizes", "2,0"],
     ],
 )
 def test_bad_cases_and_variants_are_refused(flags: list[str], tmp_path: Path) -> None:
