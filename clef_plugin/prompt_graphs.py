@@ -419,7 +419,8 @@ class PromptGraphs:
         self.sizes = sorted(set(sizes), reverse=True)
         self.whole_below = whole_below
         self.max_prompts = max_prompts
-        self.families = [LONE] if max_prompts == 1 else [LONE, max_prompts + 1]
+        self.few = max_prompts + 1 if max_prompts > 1 else None  # the few family's sequences, when it has graphs
+        self.families = [LONE] if self.few is None else [LONE, self.few]
         self.graphs: dict[tuple[int, int], PromptGraph] = {}  # (family's sequences, size) → graph
         self.layers: list[str] = []  # each group's first layer: where a step's metadata for that group is found
         self.enabled = True
@@ -429,8 +430,8 @@ class PromptGraphs:
         """The family whose graph of ``size`` tokens takes ``step`` (its sequences), or None."""
         if step.prompts == 1 and step.fresh and step.tokens < self.whole_below:
             return LONE
-        if self.max_prompts > 1 and step.prompts <= self.max_prompts and step.longest <= size:
-            return self.max_prompts + 1
+        if self.few is not None and step.prompts <= self.max_prompts and step.longest <= size:
+            return self.few
         return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:

@@ -81,29 +81,30 @@ def case_vllm(
         result["output_shape"] = list(outputs[0].shape)
     else:
         save_logits(work, key, outputs)
-    latencies = []
-    alone = []
-    for index in range(min(args.latency_records, len(ids))):
-        started = time.perf_counter()
-        alone += encode([index])
-        latencies.append(1000 * (time.perf_counter() - started))
+
+    def timed_groups(size: int) -> tuple[list[float], list[Any]]:
+        """The latency records sent ``size`` at a time, one encode call each: ms per call, and their outputs."""
+        latencies, answered = [], []
+        count = min(args.latency_records, len(ids)) // size * size
+        for first in range(0, count, size):
+            started = time.perf_counter()
+            answered += encode(range(first, first + size))
+            latencies.append(1000 * (time.perf_counter() - started))
+        return latencies, answered
+
+    latencies, alone = timed_groups(1)
     result["single_record_ms"] = percentiles(latencies)
     result["single_record_ms"]["all"] = [round(value, 2) for value in latencies]
     if not stock and alone:  # a lone record's step may run another graph than its batch's (whole-forward graphs)
         result["single_against_batched"] = question_agreement(layouts[: len(alone)], outputs[: len(alone)], alone)
         save_logits(work, key, alone, LONE)
     for size in args.group_sizes:  # one encode call of `size` records each: vLLM may run them in one step or more
-        latencies, grouped = [], []
-        count = min(args.latency_records, len(ids)) // size * size
-        for first in range(0, count, size):
-            started = time.perf_counter()
-            grouped += encode(range(first, first + size))
-            latencies.append(1000 * (time.perf_counter() - started))
+        latencies, grouped = timed_groups(size)
         if not latencies:
             continue
         result.setdefault("group_ms", {})[str(size)] = percentiles(latencies)
         if not stock:
-            agreement = question_agreement(layouts[:count], outputs[:count], grouped)
+            agreement = question_agreement(layouts[: len(grouped)], outputs[: len(grouped)], grouped)
             result.setdefault("groups_against_batched", {})[str(size)] = agreement
             save_logits(work, key, grouped, group_kind(size))
     if args.profile:
