@@ -1,8 +1,11 @@
-"""``python -m clef_cluster build|up|down|env|status``: the real-cluster tooling from a shell.
+"""``python -m clef_cluster build|up|down|env|status|claims|import|exec``: the real-cluster tooling from a shell.
 
 python -m clef_cluster up                  # build once (cached), start everything, print the env
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
 python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
+python -m clef_cluster import IMAGE.tar    # an OCI archive into the real node's containerd (imagePullPolicy: Never)
+python -m clef_cluster exec -- curl http://10.96.0.10/   # a command in the node's network namespace, where
+                                           # Service and pod addresses route (and nothing else does)
 python -m clef_cluster down
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,23 +35,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clef_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims"])
-    parser.add_argument("namespace", nargs="?", default="ml-serving", help="for claims (default ml-serving)")
+    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims", "import", "exec"])
+    parser.add_argument(
+        "arguments", nargs=argparse.REMAINDER, help="claims: the namespace (ml-serving); import: archives; exec: -- CMD"
+    )
     parser.add_argument("--dir", type=Path, default=None, help=f"cluster folder (default ${DIR_ENV} or <cache>/run)")
     parser.add_argument("--no-kserve", action="store_true", help="no KServe controller (and no KServe build)")
     parser.add_argument("--no-nodes", action="store_true", help="no fake GPU node pools")
+    parser.add_argument("--no-node", action="store_true", help="no real node (containerd, kubelet, kube-proxy)")
     args = parser.parse_args(argv)
+    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
     folder = (args.dir or default_folder()).resolve()
     try:
         if args.command == "build":
             print(building.build(with_kserve=not args.no_kserve))
         elif args.command == "up":
-            cluster = up(folder, with_kserve=not args.no_kserve, with_nodes=not args.no_nodes)
+            cluster = up(
+                folder, with_kserve=not args.no_kserve, with_nodes=not args.no_nodes, with_node=not args.no_node
+            )
             _print_env(cluster)
         elif args.command == "down":
             down(folder)
         elif args.command == "claims":
-            Cluster.load(folder).apply(namespace_with_claims(args.namespace))
+            Cluster.load(folder).apply(namespace_with_claims(arguments[0] if arguments else "ml-serving"))
+        elif args.command == "import":
+            cluster = Cluster.load(folder)
+            for archive in arguments:
+                print("\n".join(cluster.node.import_image(Path(archive))))
+        elif args.command == "exec":
+            cluster = Cluster.load(folder)
+            if not arguments:
+                parser.error("exec needs a command: exec -- CMD [ARGS...]")
+            return subprocess.run(cluster.network.command(arguments), env={**os.environ, **cluster.env()}).returncode
         elif args.command == "env":
             _print_env(Cluster.load(folder))
         else:

@@ -1,10 +1,11 @@
 """Build the cluster's binaries once per version set, into a cache outside the repository.
 
-The control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) is one ``go build`` of
-``go/go.mod``, so the packages they share compile once; kwok and KServe's manager build from their own
-modules (their go.mod files pin and replace what they need; neither compiles against the other's k8s.io
-libraries). Go's module and build caches live beside the binaries, so the whole build can be measured and
-removed as one folder.
+The control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) and the real node's Kubernetes
+parts (kubelet, kube-proxy) plus its two small programs (the sandbox's ``pause`` and the test workload
+``echoserver``) are one ``go build`` of ``go/go.mod``, so the packages they share compile once; kwok and KServe's
+manager build from their own modules (their go.mod files pin and replace what they need; neither compiles
+against the other's k8s.io libraries). Go's module and build caches live beside the binaries, so the whole build
+can be measured and removed as one folder.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ CONTROL_PLANE: dict[str, str] = {
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
     "etcd": "./etcd",
 }
+# The real node (clef_cluster.node): kubelet and kube-proxy from the same Kubernetes module, the sandbox image's
+# program and a test workload, both shipped as FROM-scratch images (clef_cluster.oci).
+NODE: dict[str, str] = {
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    "pause": "./pause",
+    "echoserver": "./echoserver",
+}
+KUBERNETES = {**CONTROL_PLANE, **NODE}
 KWOK = "kwok"
 KSERVE_MANAGER = "kserve-manager"
 # Binaries built from their own module: name -> (module, version, package).
@@ -73,7 +83,7 @@ def go_env() -> dict[str, str]:
 
 def missing(with_kserve: bool) -> list[str]:
     """The binaries this version set still lacks."""
-    wanted = [*CONTROL_PLANE, KWOK, *([KSERVE_MANAGER] if with_kserve else [])]
+    wanted = [*KUBERNETES, KWOK, *([KSERVE_MANAGER] if with_kserve else [])]
     return [name for name in wanted if not (bin_dir() / name).is_file()]
 
 
@@ -85,9 +95,9 @@ def build(with_kserve: bool = True, log: bool = True) -> Path:
         if not todo:
             return target
         target.mkdir(parents=True, exist_ok=True)
-        if any(name in CONTROL_PLANE for name in todo):
-            with _timed(log, "the control plane"):
-                _go_build(GO_DIR, list(CONTROL_PLANE.values()), target, kubernetes_ldflags())
+        if any(name in KUBERNETES for name in todo):
+            with _timed(log, "the control plane and the node"):
+                _go_build(GO_DIR, list(KUBERNETES.values()), target, kubernetes_ldflags())
         for name in (n for n in OWN_MODULE if n in todo):
             module, version, package = OWN_MODULE[name]
             with _timed(log, name):

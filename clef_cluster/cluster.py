@@ -1,11 +1,15 @@
 """Bring the cluster up, describe it, take it down.
 
-``up`` starts, in order and each on free 127.0.0.1 ports: etcd -> kube-apiserver (Node and RBAC authorizers,
+``up`` makes the cluster's network namespace (clef_cluster.netns) and starts, in order: etcd (on free 127.0.0.1
+ports) -> kube-apiserver (on the host's end of the namespace's link, a free port) (Node and RBAC authorizers,
 service-account tokens signed with a key made here, the default admission plugins plus
 OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default controller, each with its own
 service-account credentials) -> kube-scheduler -> kwok (fake nodes) -> the fake GPU node pools -> optionally
-KServe's manager in Standard (RawDeployment) mode with its webhooks registered. Every process and port is
-recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first.
+KServe's manager in Standard (RawDeployment) mode with its webhooks registered -> optionally the real node
+(clef_cluster.node: containerd, kubelet, kube-proxy in the namespace). Every process and port, and the namespace's
+slot, are recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first, then removes
+what the node left (containers, mounts, cgroups) and the namespace. ``up`` in a folder whose earlier cluster
+crashed cleans that one up first.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from typing import Any
 
 import yaml
 
-from clef_cluster import kserve, nodes, pki
+from clef_cluster import kserve, netns, nodes, pki
 from clef_cluster.build import KSERVE_MANAGER, build
+from clef_cluster.netns import SERVICE_CIDR, NodeNetwork
+from clef_cluster.node import NAME as NODE_NAME
+from clef_cluster.node import Node, NodeError, gpu_capacity_patch
 from clef_cluster.processes import Recorded, start, stop
 from clef_tools.local_server import free_port
 
-SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
 START_TIMEOUT = 120.0
@@ -48,6 +55,8 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     processes: list[Recorded] = field(default_factory=list)
     kserve: bool = False
+    slot: int = 0  # the network namespace's (clef_cluster.netns); 0 before it is made
+    real_node: bool = False
 
     @property
     def kubeconfig(self) -> Path:
@@ -55,9 +64,19 @@ class Cluster:
         return self.folder / "admin.kubeconfig"
 
     @property
+    def network(self) -> NodeNetwork:
+        """The cluster's network namespace: the real node and every client of a Service or pod run in it."""
+        return NodeNetwork(self.slot)
+
+    @property
+    def node(self) -> Node:
+        """The real node (running when ``real_node``)."""
+        return Node(self.folder / "node", self.network)
+
+    @property
     def server(self) -> str:
-        """The API server's URL."""
-        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+        """The API server's URL: the host's end of the namespace's link (pods reach it there too)."""
+        return f"https://{self.network.host_ip}:{self.ports['kube-apiserver']}"
 
     @property
     def kube_cache(self) -> Path:
@@ -75,7 +94,13 @@ class Cluster:
 
     def save(self) -> None:
         """Write state.json (after every started process, so ``down`` works even after a failed ``up``)."""
-        state = {"ports": self.ports, "kserve": self.kserve, "processes": [p.as_dict() for p in self.processes]}
+        state = {
+            "ports": self.ports,
+            "kserve": self.kserve,
+            "slot": self.slot,
+            "real_node": self.real_node,
+            "processes": [p.as_dict() for p in self.processes],
+        }
         (self.folder / "state.json").write_text(json.dumps(state, indent=2))
 
     @classmethod
@@ -85,7 +110,8 @@ class Cluster:
             state = json.loads((folder / "state.json").read_text())
         except FileNotFoundError:
             raise ClusterError(f"no cluster in {folder} (no state.json)") from None
-        return cls(folder, state["ports"], [Recorded(**p) for p in state["processes"]], state["kserve"])
+        processes = [Recorded(**p) for p in state["processes"]]
+        return cls(folder, state["ports"], processes, state["kserve"], state["slot"], state["real_node"])
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster as its admin."""
@@ -118,22 +144,30 @@ class Cluster:
         self.save()
 
 
-def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True) -> Cluster:
-    """Build what is missing, start every component and wait until each one serves; see the module doc."""
+def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True, with_node: bool = True) -> Cluster:
+    """Build what is missing, start every component and wait until each one serves; see the module doc.
+    ``with_nodes``: kwok's fake GPU pools; ``with_node``: the real node."""
     bins = build(with_kserve=with_kserve)
     folder = folder.resolve()
-    if (folder / "state.json").exists() and any(p.alive() for p in Cluster.load(folder).processes):
-        raise ClusterError(f"a cluster already runs in {folder}; run down first")
+    if (folder / "state.json").exists():
+        if any(p.alive() for p in Cluster.load(folder).processes):
+            raise ClusterError(f"a cluster already runs in {folder}; run down first")
+        down(folder)  # what a crashed run left: its namespace, mounts, containers
     folder.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(folder, kserve=with_kserve)
+    cluster = Cluster(folder, kserve=with_kserve, real_node=with_node)
     cluster.save()
     try:
+        cluster.slot = netns.create().slot
+        # A process holding the namespace while the cluster lives (an empty old namespace is a crashed run's).
+        _launch(cluster, "netns-holder", cluster.network.command([str(bins / "pause")]))
         _start_control_plane(cluster, bins)
         if with_nodes:
             cluster.apply(nodes.all_nodes())
             wait_for(lambda: _ready_nodes(cluster) >= len(nodes.all_nodes()), "the fake nodes to be Ready")
         if with_kserve:
             _start_kserve(cluster, bins)
+        if with_node:
+            _start_node(cluster)
     except BaseException:
         down(folder)
         raise
@@ -141,12 +175,20 @@ def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True) -> Clust
 
 
 def down(folder: Path) -> None:
-    """Stop the processes ``up`` started in ``folder`` (newest first) and forget them."""
+    """Stop the processes ``up`` started in ``folder`` (newest first) and forget them; then end what the real node
+    left (containers, mounts, cgroups) and remove the network namespace."""
     cluster = Cluster.load(folder.resolve())
     for process in reversed(cluster.processes):
         stop(process)
     cluster.processes = []
     cluster.save()
+    if cluster.slot:
+        try:
+            cluster.node.clean()
+        except (NodeError, netns.NetworkError) as error:
+            raise ClusterError(str(error)) from error
+        cluster.slot = 0
+        cluster.save()
 
 
 def _start_control_plane(cluster: Cluster, bins: Path) -> None:
@@ -157,7 +199,8 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
         "kube-apiserver",
         (
             *pki.LOOPBACK_NAMES,
-            "10.96.0.1",
+            cluster.network.host_ip,
+            KUBERNETES_SERVICE_IP,
             "kubernetes",
             "kubernetes.default",
             "kubernetes.default.svc",
@@ -168,6 +211,7 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
     for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok"):
         cluster.ports[name] = free_port()
     admin = ca.client("admin", "clef-cluster-admin", ("system:masters",))
+    to_kubelet = ca.client("apiserver-kubelet", "kube-apiserver-kubelet-client", ("system:masters",))
     _kubeconfig(cluster, "admin", admin, ca.cert)
     cm = _kubeconfig(
         cluster, "controller-manager", ca.client("controller-manager", "system:kube-controller-manager"), ca.cert
@@ -199,7 +243,8 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
         [
             str(bins / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={cluster.network.host_ip}",
+            f"--advertise-address={cluster.network.host_ip}",
             f"--secure-port={cluster.ports['kube-apiserver']}",
             f"--tls-cert-file={serving.cert}",
             f"--tls-private-key-file={serving.key}",
@@ -210,7 +255,14 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
             f"--service-account-signing-key-file={sa.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
-            "--endpoint-reconciler-type=none",
+            "--endpoint-reconciler-type=lease",  # the `kubernetes` Service's endpoint: the address above
+            # Aggregated APIs and webhooks are called at their endpoints (pod addresses, routed into the
+            # namespace), never at a Service address (unreachable from the host).
+            "--enable-aggregator-routing=true",
+            f"--kubelet-client-certificate={to_kubelet.cert}",
+            f"--kubelet-client-key={to_kubelet.key}",
+            f"--kubelet-certificate-authority={ca.cert}",
+            "--kubelet-preferred-address-types=InternalIP",  # the node's link address (its name resolves nowhere)
             "--allow-privileged=true",
             f"--cert-dir={folder / 'apiserver'}",
             "--profiling=false",
@@ -302,6 +354,47 @@ def _start_kserve(cluster: Cluster, bins: Path) -> None:
         cluster.process("kserve-manager"),
     )
     kserve.register_webhooks(cluster)
+
+
+def _start_node(cluster: Cluster) -> None:
+    """containerd (then the sandbox image imported), kubelet and kube-proxy in the namespace; waits until the node
+    is Ready, then advertises its GPU and waits until kube-proxy translates the ``kubernetes`` Service."""
+    node = cluster.node
+    ca = pki.Authority.load(cluster.folder / "pki")
+    kubelet = _kubeconfig(
+        cluster, "kubelet", ca.client("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",)), ca.cert
+    )
+    proxy = _kubeconfig(cluster, "kube-proxy", ca.client("kube-proxy", "system:kube-proxy"), ca.cert)
+    serving = ca.serving("kubelet-serving", (cluster.network.node_ip, NODE_NAME))
+    node.write_configs({"kube-proxy": proxy}, ca.cert, (serving.cert, serving.key))
+    node.make_cgroups()
+    _launch(cluster, "containerd", node.containerd_args(), node.env())
+    wait_for(node.containerd_ready, "containerd", cluster.process("containerd"))
+    node.import_image(node.folder / "images" / "pause.tar")
+    _launch(cluster, "kubelet", node.kubelet_args(kubelet), node.env())
+    _launch(cluster, "kube-proxy", node.kube_proxy_args(), node.env())
+    wait_for(lambda: _node_ready(cluster, NODE_NAME), "the real node to be Ready", cluster.process("kubelet"))
+    patch = json.dumps(gpu_capacity_patch())
+    cluster.kubectl("patch", "node", NODE_NAME, "--subresource=status", "--type=json", f"--patch={patch}")
+    wait_for(lambda: _gpu_allocatable(cluster), "the real node's GPU to be allocatable", cluster.process("kubelet"))
+    wait_for(
+        lambda: node.service_routed(KUBERNETES_SERVICE_IP, 443),
+        "kube-proxy's rules for the kubernetes Service",
+        cluster.process("kube-proxy"),
+    )
+
+
+def _gpu_allocatable(cluster: Cluster) -> bool:
+    jsonpath = "jsonpath={.status.allocatable.nvidia\\.com/gpu}"
+    return bool(cluster.kubectl("get", "node", NODE_NAME, "-o", jsonpath, check=False).stdout.strip())
+
+
+def _node_ready(cluster: Cluster, name: str) -> bool:
+    out = cluster.kubectl("get", "node", name, "-o", "json", check=False)
+    if out.returncode:
+        return False
+    conditions = json.loads(out.stdout)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _launch(cluster: Cluster, name: str, args: list[str], env: dict[str, str] | None = None) -> None:

@@ -70,6 +70,9 @@ GPU_POOLS: tuple[GpuPool, ...] = (
     GpuPool("a100-pool", GKE_POOL, "NVIDIA-A100-SXM4-80GB", "ampere", (8, 0), 8, 1, "a2-ultragpu-8g"),
     GpuPool("t4-pool", EKS_POOL, "Tesla-T4", "turing", (7, 5), 1, 1, "g4dn.xlarge"),
 )
+# The real node's pool (clef_cluster.node): one node, GFD-labelled as one H100 (FP8-capable), whose pods are real
+# containers running on the CPU.
+REAL_POOL = GpuPool("real-pool", GKE_POOL, "NVIDIA-H100-80GB-HBM3", "hopper", (9, 0), 1, 1, "real")
 # A CPU pool for everything else (the operator's own Deployment); the README's ClefDecision excludes it.
 SYSTEM_POOL = "system-pool"
 

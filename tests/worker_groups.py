@@ -22,6 +22,8 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: Test files (or folders, ending in "/") that must share a worker, by group name, relative to the repository root.
 SHARED_GROUPS: dict[str, tuple[str, ...]] = {
+    # The real node's own cluster (kubelet, containerd, kube-proxy): listed before "cluster", whose folder holds it.
+    "real-node": ("tests/cluster/test_real_node.py",),
     # One real cluster per session; its files run in name order (test_3_helm.py last).
     "cluster": ("tests/cluster/",),
     # test_documented_rbac_matches_requests reads the RBAC requests the scenarios of both files made in this session.
@@ -33,8 +35,8 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 
 #: Units that start first, each on a worker of its own, so that neither ends the run alone
 #: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting) and the GPU
-#: benchmark's CPU smoke run (the longest busy unit).
-FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py")
+#: benchmark's CPU smoke run (the longest busy unit); the real node's short module follows them.
+FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py", "real-node")
 
 
 def group_of(path: str) -> str:

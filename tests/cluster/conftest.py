@@ -16,9 +16,10 @@ from tests.cluster.kube import CHART, RELEASE, SYSTEM_NS, Kube, Operator
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """etcd, the API server, controllers, scheduler, kwok's fake GPU pools and KServe's controller."""
+    """etcd, the API server, controllers, scheduler, kwok's fake GPU pools and KServe's controller (the real node
+    has its own cluster: test_real_node.py)."""
     folder = tmp_path_factory.mktemp("cluster")
-    running = up(folder)
+    running = up(folder, with_node=False)
     try:
         yield running
     finally:
