@@ -1,15 +1,20 @@
 """The cluster tooling's own facts, checked without a cluster: the fake pools carry the labels the operator
-reads, the certificates chain to the CA, and a recorded process is never confused with a later one."""
+reads, the certificates chain to the CA, a recorded process is never confused with a later one, and the node's
+FROM-scratch images are valid OCI archives."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import sys
+import tarfile
 from pathlib import Path
 
 import yaml
 from cryptography import x509
 
-from clef_cluster import nodes, pki
+from clef_cluster import nodes, oci, pki
 from clef_cluster.processes import start, stop
 from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
 from clef_operator.pools import GPU_LABELS, evaluate_pool, group_into_pools, summarize_node
@@ -57,3 +62,26 @@ def test_stop_ends_the_recorded_process_only(tmp_path: Path) -> None:
     stop(process)  # already gone: nothing to do, nothing signalled
     reused = type(process)(process.name, process.pid, process.started + 1, process.log)
     assert not reused.alive()  # same pid, another start time: not ours
+
+
+def test_scratch_image_archive_is_a_content_addressed_oci_layout(tmp_path: Path) -> None:
+    binary = tmp_path / "tool"
+    binary.write_bytes(b"\x7fELF not really")
+    image = oci.ScratchImage("localhost/clef-cluster/tool:1", binary, ("/tool", "serve"), "65534:65534")
+    archive = image.write(tmp_path / "image.tar")
+    assert archive.read_bytes() == image.write(tmp_path / "again.tar").read_bytes()  # reproducible
+    with tarfile.open(archive) as tar:
+        blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+    for name, blob in blobs.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(blob).hexdigest() == name.rsplit("/", 1)[1]
+    (entry,) = json.loads(blobs["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == image.reference
+    manifest = json.loads(blobs[f"blobs/sha256/{entry['digest'].split(':')[1]}"])
+    config = json.loads(blobs[f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"])
+    assert config["config"]["Entrypoint"] == ["/tool", "serve"] and config["config"]["User"] == "65534:65534"
+    (layer,) = manifest["layers"]
+    with tarfile.open(fileobj=io.BytesIO(blobs[f"blobs/sha256/{layer['digest'].split(':')[1]}"])) as tar:
+        (member,) = tar.getmembers()
+        assert member.name == "tool" and member.mode == 0o755
+        assert tar.extractfile(member).read() == binary.read_bytes()  # type: ignore[union-attr]
