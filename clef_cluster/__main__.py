@@ -4,8 +4,8 @@ python -m clef_cluster up                  # build once (cached), start everythi
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
 python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
 python -m clef_cluster import IMAGE.tar    # an OCI archive into the real node's containerd (imagePullPolicy: Never)
-python -m clef_cluster exec -- curl http://10.96.0.10/   # a command in the node's network namespace, where
-                                           # Service and pod addresses route (and nothing else does)
+python -m clef_cluster exec -- curl http://NAME.NAMESPACE.svc/   # a command in the node's network namespace,
+                      # where Service and pod addresses route and nothing else does; Service names resolve there
 python -m clef_cluster down
 """
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster = Cluster.load(folder)
             if not arguments:
                 parser.error("exec needs a command: exec -- CMD [ARGS...]")
-            return subprocess.run(cluster.network.command(arguments), env={**os.environ, **cluster.env()}).returncode
+            command = cluster.network.client_command(arguments, cluster.service_hosts())
+            return subprocess.run(command, env={**os.environ, **cluster.env()}, check=False).returncode
         elif args.command == "env":
             _print_env(Cluster.load(folder))
         else:

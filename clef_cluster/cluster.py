@@ -37,6 +37,7 @@ from clef_cluster.processes import Recorded, start, stop
 from clef_tools.local_server import free_port
 
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
+CLUSTER_DOMAIN = "cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
 START_TIMEOUT = 120.0
@@ -112,6 +113,19 @@ class Cluster:
             raise ClusterError(f"no cluster in {folder} (no state.json)") from None
         processes = [Recorded(**p) for p in state["processes"]]
         return cls(folder, state["ports"], processes, state["kserve"], state["slot"], state["real_node"])
+
+    def service_hosts(self) -> dict[str, str]:
+        """Every Service's ClusterIP by the names a pod would resolve it by (``<name>.<namespace>``,
+        ``….svc``, ``….svc.cluster.local``): the cluster runs no DNS server, so ``exec`` puts these in the
+        client's /etc/hosts. Headless Services (no ClusterIP) are left out."""
+        services = json.loads(self.kubectl("get", "services", "--all-namespaces", "-o", "json").stdout)["items"]
+        hosts = {}
+        for service in services:
+            address = service["spec"].get("clusterIP")
+            if address and address != "None":
+                base = f"{service['metadata']['name']}.{service['metadata']['namespace']}"
+                hosts.update(dict.fromkeys((base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"), address))
+        return hosts
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster as its admin."""
@@ -382,6 +396,8 @@ def _start_node(cluster: Cluster) -> None:
         "kube-proxy's rules for the kubernetes Service",
         cluster.process("kube-proxy"),
     )
+    if legacy := node.legacy_rules():
+        raise ClusterError(f"rules in the legacy iptables backend of {cluster.network.name}: {legacy}")
 
 
 def _gpu_allocatable(cluster: Cluster) -> bool:

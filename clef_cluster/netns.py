@@ -20,11 +20,13 @@ is a crashed run's leftover: the next ``create`` removes it with its veth (and t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +43,7 @@ KWOK_RANGE = "10.0.0.0/16"  # kwok's fake nodes' and pods' addresses (nothing an
 GUARDED = (SERVICE_CIDR, POD_RANGE, LINK_RANGE, KWOK_RANGE)
 PREFIX = "clef-"
 NETNS_DIR = Path("/run/netns")
+ETC_NETNS = Path("/etc/netns")
 LOCK = Path("/run/clef-cluster.lock")
 SLOTS = range(1, 251)
 STALE_AFTER_S = 120.0
@@ -117,6 +120,20 @@ class NodeNetwork:
         """Whether the namespace is there."""
         return self.path.exists()
 
+    @property
+    def etc(self) -> Path:
+        """``/etc/netns/<name>``: ``ip netns exec`` mounts the files here over /etc's (hosts, resolv.conf)."""
+        return ETC_NETNS / self.name
+
+    def client_command(self, args: list[str], hosts: dict[str, str]) -> list[str]:
+        """``args`` as a client in the namespace (``ip netns exec``: a mount namespace of its own too) that resolves
+        the names in ``hosts`` (name -> address) and asks no nameserver (there is no route to one)."""
+        self.etc.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in sorted(hosts.items()))]
+        (self.etc / "hosts").write_text("\n".join(lines) + "\n")
+        (self.etc / "resolv.conf").write_text("# no nameserver: Service names are in /etc/hosts\n")
+        return ["ip", "netns", "exec", self.name, *args]
+
 
 def create() -> NodeNetwork:
     """A new namespace on a free slot, linked to the host, with the host's guard routes in place."""
@@ -171,6 +188,9 @@ def _wire(network: NodeNetwork) -> None:
 def _remove(network: NodeNetwork) -> None:
     _ip("link", "del", network.host_if, check=False)  # takes its peer, and the pod route, with it
     _ip("netns", "del", network.name, check=False)
+    shutil.rmtree(network.etc, ignore_errors=True)
+    with contextlib.suppress(OSError):  # /etc/netns itself, once no namespace has files there
+        ETC_NETNS.rmdir()
     if not any(path.name.startswith(PREFIX) for path in _namespaces()):
         for guarded in GUARDED:
             _ip("route", "del", "unreachable", guarded, check=False)

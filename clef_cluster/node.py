@@ -110,6 +110,13 @@ class Node:
                     return True
         return False
 
+    def legacy_rules(self) -> list[str]:
+        """Rules in the namespace's legacy (xtables) iptables: there must be none, every rule of the node's being in
+        nf_tables (kube-proxy's own table, and kubelet's and portmap's through ``iptables-nft``); rules split over
+        both backends are what ``iptables`` calls "incompatible"."""
+        saved = self.network.run("iptables-legacy-save").stdout
+        return [line for line in saved.splitlines() if line.startswith("-A ")]
+
     # What ``up`` writes and starts.
 
     def write_configs(self, server_kubeconfigs: dict[str, Path], ca: Path, serving: tuple[Path, Path]) -> None:

@@ -12,6 +12,9 @@ import errno
 import json
 import os
 import socket
+import ssl
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ import pytest
 import yaml
 
 from clef_cluster import netns, node
-from clef_cluster.cluster import Cluster, down, up
+from clef_cluster.cluster import KUBERNETES_SERVICE_IP, Cluster, down, up
 from clef_cluster.nodes import REAL_POOL
 from clef_operator.pools import evaluate_pool, group_into_pools, summarize_node
 from clef_operator.spec import parse_spec
@@ -116,6 +119,47 @@ def test_a_service_routes_to_the_pod_from_the_namespace(node_cluster: Cluster, e
             return json.loads(response.read())
 
     assert node_cluster.network.call(ask) == {"pod": APP, "path": "/hello"}
+    assert node_cluster.node.legacy_rules() == []  # one backend: nf_tables
+
+
+def test_pods_reach_the_api_server_through_the_kubernetes_service(node_cluster: Cluster) -> None:
+    """What an in-cluster client (the operator as a pod) does: https://10.96.0.1 with the cluster's CA, the
+    certificate naming that address."""
+    context = ssl.create_default_context(cafile=str(node_cluster.folder / "pki" / "ca.crt"))
+
+    def version() -> dict[str, Any]:
+        with urllib.request.urlopen(f"https://{KUBERNETES_SERVICE_IP}/version", timeout=10, context=context) as answer:
+            return json.loads(answer.read())
+
+    assert node_cluster.network.call(version)["gitVersion"].startswith("v1.")
+
+
+def test_exec_runs_a_client_that_resolves_service_names(node_cluster: Cluster, echo: dict[str, Any]) -> None:
+    """``python -m clef_cluster exec``: a command in the namespace; the cluster has no DNS server, so Service
+    names come from the client's /etc/hosts."""
+    fetch = (
+        "import urllib.request as u; print(u.urlopen('http://echo.default.svc.cluster.local/named').read().decode())"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clef_cluster",
+            "--dir",
+            str(node_cluster.folder),
+            "exec",
+            "--",
+            sys.executable,
+            "-c",
+            fetch,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"pod": APP, "path": "/named"}
 
 
 def test_service_and_pod_addresses_fail_on_the_host(node_cluster: Cluster, echo: dict[str, Any]) -> None:
