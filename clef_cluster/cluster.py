@@ -112,7 +112,9 @@ class Cluster:
         except FileNotFoundError:
             raise ClusterError(f"no cluster in {folder} (no state.json)") from None
         processes = [Recorded(**p) for p in state["processes"]]
-        return cls(folder, state["ports"], processes, state["kserve"], state["slot"], state["real_node"])
+        return cls(
+            folder, state["ports"], processes, state["kserve"], state.get("slot", 0), state.get("real_node", False)
+        )
 
     def service_hosts(self) -> dict[str, str]:
         """Every Service's ClusterIP by the names a pod would resolve it by (``<name>.<namespace>``,

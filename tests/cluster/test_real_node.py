@@ -54,12 +54,18 @@ def kube(node_cluster: Cluster) -> Kube:
 
 
 @pytest.fixture(scope="module")
-def echo(node_cluster: Cluster, kube: Kube) -> dict[str, Any]:
-    """The echoserver image imported into the node, a pod of it (readiness probe on /healthz) and a ClusterIP
-    Service in front of it, the pod Ready; the Service object."""
+def echo_image(node_cluster: Cluster) -> str:
+    """The echoserver image (FROM scratch, built here) imported into the node's containerd; its reference."""
     image = node.Node.echoserver_image()
     assert node_cluster.node.import_image(image.write(node_cluster.folder / "echoserver.tar")) == [image.reference]
-    kube.apply(echo_pod(image.reference), echo_service())
+    return image.reference
+
+
+@pytest.fixture(scope="module")
+def echo(echo_image: str, kube: Kube) -> dict[str, Any]:
+    """A pod of the echoserver image (readiness probe on /healthz) and a ClusterIP Service in front of it, the pod
+    Ready; the Service object."""
+    kube.apply(echo_pod(echo_image), echo_service())
     eventually(lambda: is_ready(kube.get("pod", APP, "default")), "the echo pod to be Ready")
     return kube.get("service", APP, "default")
 
@@ -208,11 +214,11 @@ def test_deleting_the_pod_stops_its_container(kube: Kube, node_cluster: Cluster,
     eventually(lambda: container_pids(node_cluster) == [], "containerd to have no task")
 
 
-def test_down_leaves_nothing_even_after_a_crash(node_cluster: Cluster, kube: Kube) -> None:
+def test_down_leaves_nothing_even_after_a_crash(node_cluster: Cluster, kube: Kube, echo_image: str) -> None:
     """A pod running, kubelet and containerd killed (as a crash would leave them), then ``down``: no process of the
     node (containers, shims), no namespace, no mount under the cluster folder, no cgroup, no shim socket."""
     network, folder = node_cluster.network, node_cluster.folder
-    pod = echo_pod(node.Node.echoserver_image().reference)
+    pod = echo_pod(echo_image)
     pod["metadata"]["name"] = "left-running"
     kube.apply(pod)
     eventually(lambda: is_ready(kube.get("pod", "left-running", "default")), "the second pod to be Ready")
