@@ -20,6 +20,8 @@ from pathlib import Path
 
 from clef_cluster import build as building
 from clef_cluster.cluster import Cluster, ClusterError, down, up
+from clef_cluster.netns import NetworkError
+from clef_cluster.node import NodeError
 from clef_cluster.storage import namespace_with_claims
 from clef_cluster.versions import bin_dir, cache_root
 
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             for process in cluster.processes:
                 print(f"{process.name:24} pid {process.pid:7}  {'running' if process.alive() else 'stopped'}")
             print(f"binaries: {bin_dir()}")
-    except ClusterError as error:
+            print(f"network namespace: {cluster.network.name}, API server {cluster.server}")
+    except (ClusterError, NodeError, NetworkError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
