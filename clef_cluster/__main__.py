@@ -4,6 +4,7 @@ python -m clef_cluster up                  # build once (cached), start everythi
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
 python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
 python -m clef_cluster down
+python -m clef_cluster images              # build the operator and CPU predictor images once (cached), print them
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from clef_cluster import build as building
+from clef_cluster import images
 from clef_cluster.cluster import Cluster, ClusterError, down, up
 from clef_cluster.storage import namespace_with_claims
 from clef_cluster.versions import bin_dir, cache_root
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clef_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims"])
+    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims", "images"])
     parser.add_argument("namespace", nargs="?", default="ml-serving", help="for claims (default ml-serving)")
     parser.add_argument("--dir", type=Path, default=None, help=f"cluster folder (default ${DIR_ENV} or <cache>/run)")
     parser.add_argument("--no-kserve", action="store_true", help="no KServe controller (and no KServe build)")
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             down(folder)
         elif args.command == "claims":
             Cluster.load(folder).apply(namespace_with_claims(args.namespace))
+        elif args.command == "images":
+            for image in images.build_all().values():
+                print(f"{image.reference} {image.archive}")
         elif args.command == "env":
             _print_env(Cluster.load(folder))
         else:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             for process in cluster.processes:
                 print(f"{process.name:24} pid {process.pid:7}  {'running' if process.alive() else 'stopped'}")
             print(f"binaries: {bin_dir()}")
-    except ClusterError as error:
+    except (ClusterError, images.ImageBuildError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
