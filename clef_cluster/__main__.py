@@ -7,6 +7,7 @@ python -m clef_cluster import IMAGE.tar    # an OCI archive into the real node's
 python -m clef_cluster exec -- curl http://NAME.NAMESPACE.svc/   # a command in the node's network namespace,
                       # where Service and pod addresses route and nothing else does; Service names resolve there
 python -m clef_cluster down
+python -m clef_cluster images              # build the operator and CPU predictor images once (cached), print them
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from clef_cluster import build as building
+from clef_cluster import images
 from clef_cluster.cluster import Cluster, ClusterError, down, up
 from clef_cluster.netns import NetworkError
 from clef_cluster.node import NodeError
@@ -37,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clef_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["build", "up", "down", "env", "status", "claims", "import", "exec"])
+    parser.add_argument(
+        "command", choices=["build", "images", "up", "down", "env", "status", "claims", "import", "exec"]
+    )
     parser.add_argument(
         "arguments", nargs=argparse.REMAINDER, help="claims: the namespace (ml-serving); import: archives; exec: -- CMD"
     )
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             down(folder)
         elif args.command == "claims":
             Cluster.load(folder).apply(namespace_with_claims(arguments[0] if arguments else "ml-serving"))
+        elif args.command == "images":
+            for image in images.build_all().values():
+                print(f"{image.reference} {image.archive}")
         elif args.command == "import":
             cluster = Cluster.load(folder)
             for archive in arguments:
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{process.name:24} pid {process.pid:7}  {'running' if process.alive() else 'stopped'}")
             print(f"binaries: {bin_dir()}")
             print(f"network namespace: {cluster.network.name}, API server {cluster.server}")
-    except (ClusterError, NodeError, NetworkError) as error:
+    except (ClusterError, NodeError, NetworkError, images.ImageBuildError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,7 +1,10 @@
 # The clef-serving predictor (KServe model server + vLLM plugin) on the official vLLM image, which
 # brings CUDA, PyTorch and vLLM. Build from the repository root:
 #   docker build -f docker/predictor.Dockerfile -t clef-predictor:0.1.0 .
-FROM vllm/vllm-openai:v0.26.0
+# BASE_IMAGE names another base holding Python, pip and vLLM with its GPU stack (a mirror of the official image, or
+# one built without a registry: docs/container-images.md).
+ARG BASE_IMAGE=vllm/vllm-openai:v0.26.0
+FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

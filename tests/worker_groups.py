@@ -28,15 +28,18 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
     "cluster": ("tests/cluster/",),
     # test_documented_rbac_matches_requests reads the RBAC requests the scenarios of both files made in this session.
     "operator-scenarios": ("tests/operator/test_cluster_life.py", "tests/operator/test_operator_integration.py"),
+    # The container images: built once (cached by their inputs) and run under one containerd of the group's own.
+    "images": ("tests/images/",),
     # The session's CPU vLLM predictor (tests/predictor/conftest.py's vllm_server).
     "vllm-server": ("tests/predictor/test_server_vllm.py", "tests/predictor/test_systemone_cli.py"),
 }
 
 
-#: Units that start first, each on a worker of its own, so that neither ends the run alone
-#: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting) and the GPU
-#: benchmark's CPU smoke run (the longest busy unit); the real node's short module follows them.
-FIRST = ("cluster", "tests/quantize/test_gpu_benchmark_smoke.py", "real-node")
+#: Units that start first, each on a worker of its own, so that none ends the run alone
+#: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting), the
+#: container images (a cold build is minutes of downloads and disk writes) and the GPU benchmark's CPU smoke run
+#: (the longest busy unit); the real node's short module follows them.
+FIRST = ("cluster", "images", "tests/quantize/test_gpu_benchmark_smoke.py", "real-node")
 
 
 def group_of(path: str) -> str:

