@@ -36,8 +36,8 @@ import aiohttp
 import kopf
 from kopf._cogs.clients import errors as kopf_errors
 from kopf._cogs.clients import watching as kopf_watching
-from kopf._core.engines import peering as kopf_peering
 from kopf._cogs.structs.references import Namespace
+from kopf._core.engines import peering as kopf_peering
 
 LOGGER = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 0.5
