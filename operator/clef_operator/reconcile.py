@@ -46,6 +46,7 @@ from clef_operator.pools import (
     PoolDecision,
     evaluate_pool,
     group_into_pools,
+    pool_labels_carried,
 )
 from clef_operator.resources import (
     DEPLOYMENTS,
@@ -263,7 +264,13 @@ async def reconcile(
         return Outcome(status=status, events=_transition_events(previous, status), invalid_spec=str(exc))
 
     backend = await resolve_backend(spec, policy, previous, api)
-    pools, unpooled = group_into_pools(nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    gpu_nodes = list(nodes)
+    pools, unpooled = group_into_pools(gpu_nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    other_pool_labels = (
+        pool_labels_carried(node for node in gpu_nodes if node.name in frozenset(unpooled))
+        if spec.nodePools.labelKey is not None
+        else []
+    )
     decisions = {pool.key: evaluate_pool(pool, spec) for pool in pools}
     listed = await api.list_labelled(PRIMARY[backend], namespace, label_value(name))
     if listed is None and backend == KSERVE_BACKEND:
@@ -275,6 +282,8 @@ async def reconcile(
             generation=generation,
             pools=waiting,
             unpooled=unpooled,
+            label_key=spec.nodePools.labelKey,
+            other_pool_labels=other_pool_labels,
             kserve_installed=False,
             previous=previous,
             now=stamp,
@@ -342,6 +351,8 @@ async def reconcile(
         generation=generation,
         pools=entries,
         unpooled=unpooled,
+        label_key=spec.nodePools.labelKey,
+        other_pool_labels=other_pool_labels,
         previous=previous,
         now=stamp,
         missing=missing,
@@ -432,9 +443,7 @@ async def _serve(
                     return await _collision(run, decision, child_name, holder)
                 current = holder
             else:
-                run.events.append(
-                    Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}")
-                )
+                run.events.append(Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}"))
         if drifted(current, desired):
             patch = build_update_patch(current, desired, whole_spec=run.backend == KSERVE_BACKEND)
             current = await run.api.patch(run.primary, run.namespace, child_name, patch)
