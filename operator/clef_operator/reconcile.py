@@ -266,8 +266,9 @@ async def reconcile(
     backend = await resolve_backend(spec, policy, previous, api)
     gpu_nodes = list(nodes)
     pools, unpooled = group_into_pools(gpu_nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    unpooled_names = frozenset(unpooled)
     other_pool_labels = (
-        pool_labels_carried(node for node in gpu_nodes if node.name in frozenset(unpooled))
+        pool_labels_carried(node for node in gpu_nodes if node.name in unpooled_names)
         if spec.nodePools.labelKey is not None
         else []
     )
