@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 import kopf
 
-from clef_operator.constants import AUTO_BACKEND, BACKENDS
+from clef_operator.constants import AUTO_BACKEND, BACKENDS, PEERING_LIFETIME
 from clef_operator.workloads import DEFAULT_STORAGE_INITIALIZER_IMAGE
 
 DEFAULT_PEERING = "clef-operator"
+MIN_PEERING_LIFETIME = 11  # kopf writes the keep-alive up to 10 s before it expires
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="peering priority; default: random per process, so replicas never tie",
     )
     parser.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=PEERING_LIFETIME,
+        metavar="SECONDS",
+        help="how long a replica's peering keep-alive counts as live: the longest a killed replica keeps the "
+        f"others (and its own restart) paused (default {PEERING_LIFETIME}; at least {MIN_PEERING_LIFETIME})",
+    )
+    parser.add_argument(
         "--allow-host-path-prefix",
         action="append",
         default=[],
@@ -83,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.liveness_port < 0 or args.liveness_port > 65535:
         build_parser().error("--liveness-port must be between 0 and 65535")
+    if args.peering_lifetime < MIN_PEERING_LIFETIME:
+        build_parser().error(f"--peering-lifetime must be at least {MIN_PEERING_LIFETIME} seconds")
     for prefix in args.allow_host_path_prefix:
         if not prefix.startswith("/") or os.path.normpath(prefix) == "/":
             build_parser().error(f"--allow-host-path-prefix {prefix!r}: give an absolute folder other than /")
@@ -95,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             host_path_prefixes=tuple(os.path.normpath(prefix) for prefix in args.allow_host_path_prefix),
             default_backend=args.default_backend,
             storage_initializer_image=args.storage_initializer_image,
-        )
+        ),
+        peering_lifetime=args.peering_lifetime,
     )
 
     kopf.configure(verbose=args.verbose, debug=args.debug)

@@ -62,20 +62,26 @@ def assign_names(
     label key's pool of the same name holds it, in which case its name carries a hash of its label key.
     Pools under the spec's labelKey, then the well-known keys in order, are named first.
     """
-    rank = [label_key, *POOL_LABEL_KEYS] if label_key else list(POOL_LABEL_KEYS)
-
-    def order(key: tuple[str, str]) -> tuple[int, str, str]:
-        return (rank.index(key[0]) if key[0] in rank else len(rank), key[0], key[1])
-
     names = {key: name for key, name in taken.items() if key in pools}
     used = set(names.values())
-    for key in sorted(pools, key=order):
+    for key in sorted(pools, key=lambda key: naming_order(key, label_key)):
         if key in names:
             continue
         plain = inferenceservice_name(decision, key[1])
         names[key] = plain if plain not in used else inferenceservice_name(decision, key[1], key[0])
         used.add(names[key])
     return names
+
+
+def naming_order(key: tuple[str, str], label_key: str | None) -> tuple[int, str, str]:
+    """The order in which assign_names names pools: the spec's labelKey, then the well-known keys in order."""
+    rank = [label_key, *POOL_LABEL_KEYS] if label_key else list(POOL_LABEL_KEYS)
+    return (rank.index(key[0]) if key[0] in rank else len(rank), key[0], key[1])
+
+
+def possible_names(decision: str, key: tuple[str, str]) -> tuple[str, str]:
+    """The two names assign_names may give the serving object of pool ``key`` (label key, pool)."""
+    return inferenceservice_name(decision, key[1]), inferenceservice_name(decision, key[1], key[0])
 
 
 def label_value(name: str) -> str:

@@ -23,6 +23,11 @@ DEPLOYMENT_BACKEND = "deployment"
 BACKENDS: tuple[str, ...] = (KSERVE_BACKEND, DEPLOYMENT_BACKEND)
 AUTO_BACKEND = "auto"  # --default-backend: kserve where the InferenceService resource is served, else deployment
 
+# Seconds an operator replica's kopf peering keep-alive counts as live (settings.peering.lifetime; kopf's default
+# is 60). kopf rewrites it 5 to 10 s before it expires; a replica killed without exiting keeps the others, and its
+# own restarted pod, paused until it expires. See docs/operator.md, "Several replicas".
+PEERING_LIFETIME = 20
+
 # Labels and annotations the operator puts on the objects it owns.
 DECISION_LABEL = f"{GROUP}/decision"
 POOL_LABEL = f"{GROUP}/pool"

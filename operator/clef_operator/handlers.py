@@ -29,6 +29,7 @@ from clef_operator.constants import (
     KSERVE_GROUP,
     KSERVE_PLURAL,
     KSERVE_VERSION,
+    PEERING_LIFETIME,
     PLURAL,
     VERSION,
 )
@@ -79,6 +80,7 @@ class OperatorState:
     """Operator-wide state shared by all handlers through kopf's memo."""
 
     policy: Policy = field(default_factory=Policy)
+    peering_lifetime: int = PEERING_LIFETIME  # kopf's settings.peering.lifetime (seconds)
     api: KubeApi | None = None
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     last_status: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -163,7 +165,8 @@ def _remember(
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
-    _state(memo)
+    state = _state(memo)
+    settings.peering.lifetime = state.peering_lifetime
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING

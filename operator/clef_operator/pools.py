@@ -149,6 +149,12 @@ def pool_label_key(node: GpuNode, label_key: str | None) -> str | None:
     return next((key for key in POOL_LABEL_KEYS if key in node.labels), None)
 
 
+def pool_labels_carried(nodes: Iterable[GpuNode]) -> list[str]:
+    """The well-known pool labels (POOL_LABEL_KEYS) any of ``nodes`` carries, in that order."""
+    carried = {key for node in nodes for key in node.labels}
+    return [key for key in POOL_LABEL_KEYS if key in carried]
+
+
 def group_into_pools(
     nodes: Iterable[GpuNode], label_key: str | None, declared: Iterable[DeclaredPool] = ()
 ) -> tuple[list[NodePool], list[str]]:

@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clef_operator.builders import assign_names, build_inferenceservice, build_update_patch, drifted, label_value
+from clef_operator.builders import (
+    assign_names,
+    build_inferenceservice,
+    build_update_patch,
+    drifted,
+    label_value,
+    naming_order,
+    possible_names,
+)
 from clef_operator.constants import (
     API_VERSION,
     AUTO_BACKEND,
@@ -38,6 +46,7 @@ from clef_operator.pools import (
     PoolDecision,
     evaluate_pool,
     group_into_pools,
+    pool_labels_carried,
 )
 from clef_operator.resources import (
     DEPLOYMENTS,
@@ -117,7 +126,12 @@ class Outcome:
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    """Whether the ClefDecision of ``uid`` is the object's controller: the one mark of ownership (its labels and
+    annotations are copies that a hand edit may change, and that the repair patch puts back)."""
+    return any(
+        ref.get("uid") == uid and ref.get("controller") is True
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
 
 
 def _orphaned(obj: Mapping[str, Any]) -> bool:
@@ -126,17 +140,37 @@ def _orphaned(obj: Mapping[str, Any]) -> bool:
     return not (obj.get("metadata") or {}).get("ownerReferences")
 
 
-def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(label key, pool) an owned serving object serves, from its annotations (or its pods' nodeSelector)."""
+def _stated_pools(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (label key, pool)s an owned serving object says it serves: its annotations, its pods' nodeSelector.
+    Both are editable copies: a pool is believed only where the object's name fits it (see _pool_of)."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    spec = obj.get("spec") or {}
+    pod = spec.get("predictor") or ((spec.get("template") or {}).get("spec")) or {}
+    selector = pod.get("nodeSelector") or {}
+    stated = []
     pool = annotations.get(POOL_ANNOTATION)
-    key = annotations.get(POOL_LABEL_KEY_ANNOTATION)
-    if key is None:
-        spec = obj.get("spec") or {}
-        pod = spec.get("predictor") or ((spec.get("template") or {}).get("spec")) or {}
-        key = next(iter(pod.get("nodeSelector") or {}), None)
-    return (key, pool) if key and pool else None
+    key = annotations.get(POOL_LABEL_KEY_ANNOTATION) or next(iter(selector), None)
+    if isinstance(key, str) and isinstance(pool, str) and key and pool:
+        stated.append((key, pool))
+    stated += [(key, pool) for key, pool in selector.items() if isinstance(pool, str) and key and pool]
+    return stated
+
+
+def _pool_of(
+    obj: Mapping[str, Any], decision: str, fitting: Mapping[str, list[tuple[str, str]]], label_key: str | None
+) -> tuple[str, str] | None:
+    """The pool an owned serving object serves, told by its name: the operator names each pool's object after the
+    ClefDecision and the pool (builders.possible_names), and a name cannot be edited. ``fitting``: the known pools
+    whose names each name fits. Where a name fits several pools (one pool name under two label keys), the one its
+    annotations or nodeSelector state wins, else the one named first; a pool that is no longer known (its nodes all
+    gone) is taken from what the object states when its name fits it. None: nothing tells (the object is left as
+    it is)."""
+    name = obj["metadata"]["name"]
+    stated = _stated_pools(obj)
+    candidates = fitting.get(name) or [key for key in stated if name in possible_names(decision, key)]
+    chosen = next((key for key in stated if key in candidates), None)
+    return chosen or min(candidates, key=lambda key: naming_order(key, label_key), default=None)
 
 
 @dataclass
@@ -230,7 +264,14 @@ async def reconcile(
         return Outcome(status=status, events=_transition_events(previous, status), invalid_spec=str(exc))
 
     backend = await resolve_backend(spec, policy, previous, api)
-    pools, unpooled = group_into_pools(nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    gpu_nodes = list(nodes)
+    pools, unpooled = group_into_pools(gpu_nodes, spec.nodePools.labelKey, spec.nodePools.declared)
+    unpooled_names = frozenset(unpooled)
+    other_pool_labels = (
+        pool_labels_carried(node for node in gpu_nodes if node.name in unpooled_names)
+        if spec.nodePools.labelKey is not None
+        else []
+    )
     decisions = {pool.key: evaluate_pool(pool, spec) for pool in pools}
     listed = await api.list_labelled(PRIMARY[backend], namespace, label_value(name))
     if listed is None and backend == KSERVE_BACKEND:
@@ -242,6 +283,8 @@ async def reconcile(
             generation=generation,
             pools=waiting,
             unpooled=unpooled,
+            label_key=spec.nodePools.labelKey,
+            other_pool_labels=other_pool_labels,
             kserve_installed=False,
             previous=previous,
             now=stamp,
@@ -251,10 +294,16 @@ async def reconcile(
     if listed is None:
         raise ApiError(f"listing {PRIMARY[backend].plural}", 404, "the resource is not served")
 
+    fitting: dict[str, list[tuple[str, str]]] = {}
+    for known in sorted(decisions):
+        for candidate in dict.fromkeys(possible_names(name, known)):
+            fitting.setdefault(candidate, []).append(known)
     owned: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for obj in listed:
-        key = _pool_key(obj)
-        if (_owned_by(obj, uid) or _orphaned(obj)) and key is not None:
+        if not (_owned_by(obj, uid) or _orphaned(obj)):
+            continue
+        key = _pool_of(obj, name, fitting, spec.nodePools.labelKey)
+        if key is not None:
             owned.setdefault(key, []).append(obj)
     for key in owned.keys() - decisions.keys():  # a pool whose nodes are all gone
         pool = NodePool(name=key[1], label_key=key[0], nodes=())
@@ -303,6 +352,8 @@ async def reconcile(
         generation=generation,
         pools=entries,
         unpooled=unpooled,
+        label_key=spec.nodePools.labelKey,
+        other_pool_labels=other_pool_labels,
         previous=previous,
         now=stamp,
         missing=missing,
@@ -364,11 +415,11 @@ async def _serve(
         run.warn_once(pool.key, entry, f"{kind}TooLarge", f"node pool {pool.name}: {message}")
         return entry
     before = run.previous.get(pool.key) or {}
-    if current is None and child_name in run.held and before.get("state") == CONFLICT:
+    if current is None and child_name in run.held and before.get("state") in (CONFLICT, PENDING):
         run.conflicts.append(child_name)  # still backing off: no POST, the same report
         return run.pool_status(
             decision,
-            state=CONFLICT,
+            state=before["state"],
             isvc_name=child_name,
             isvc=None,
             message=before.get("predictorMessage"),
@@ -388,9 +439,13 @@ async def _serve(
             try:
                 current = await run.api.create(run.primary, desired)
             except ConflictError:
-                return await _collision(run, decision, child_name)
-            run.events.append(Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}"))
-        elif drifted(current, desired):
+                holder = await run.api.get(run.primary, run.namespace, child_name)
+                if holder is None or not _claimable(holder, run.uid):
+                    return await _collision(run, decision, child_name, holder)
+                current = holder
+            else:
+                run.events.append(Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}"))
+        if drifted(current, desired):
             patch = build_update_patch(current, desired, whole_spec=run.backend == KSERVE_BACKEND)
             current = await run.api.patch(run.primary, run.namespace, child_name, patch)
             run.events.append(Event("Normal", f"{kind}Updated", f"updated {child_name} for node pool {pool.name}"))
@@ -477,12 +532,21 @@ async def _remove_other_backends(run: _Pass) -> None:
                 run.events.append(Event("Warning", f"{resource.kind}Failed", str(exc)))
 
 
-async def _collision(run: _Pass, decision: PoolDecision, isvc_name: str) -> dict[str, Any]:
-    """The wanted name is held by an object this ClefDecision does not own: say whose, and wait for it to go."""
+def _claimable(holder: Mapping[str, Any], uid: str) -> bool:
+    """Whether the object holding a name whose create was refused (409) is ours to repair: this ClefDecision is its
+    controller and it is not being deleted. The list by the decision label missed it because that label was edited
+    by hand; the repair patch puts the label back."""
+    return _owned_by(holder, uid) and not holder["metadata"].get("deletionTimestamp")
+
+
+async def _collision(
+    run: _Pass, decision: PoolDecision, isvc_name: str, holder: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The wanted name is held by an object this ClefDecision does not own, or by its own on its way out: say whose,
+    and wait for it to go (tried again after a backoff per name, at once when the holder is deleted)."""
     run.conflicts.append(isvc_name)
     kind = run.primary.kind
-    holder = await run.api.get(run.primary, run.namespace, isvc_name)
-    if holder is not None and _owned_by(holder, run.uid):  # our own, still being deleted: wait for it to go
+    if holder is not None and _owned_by(holder, run.uid):  # our own, being deleted: wait for it to go
         return run.pool_status(
             decision,
             state=PENDING,

@@ -138,6 +138,8 @@ def build_status(
     generation: int | None,
     pools: list[dict[str, Any]],
     unpooled: Sequence[str] = (),
+    label_key: str | None = None,
+    other_pool_labels: Sequence[str] = (),
     kserve_installed: bool = True,
     invalid_spec: str | None = None,
     previous: Mapping[str, Any] | None = None,
@@ -160,7 +162,7 @@ def build_status(
         predictors_cond = ("Unknown", INVALID_SPEC, "the spec does not validate")
         ready_cond = ("False", INVALID_SPEC, invalid_spec)
     else:
-        pools_cond = _pools_condition(pools, eligible, degraded, unpooled)
+        pools_cond = _pools_condition(pools, eligible, degraded, _unpooled_note(unpooled, label_key, other_pool_labels))
         if missing:  # named in spec.nodePools.include, found nowhere
             pools_cond = (
                 pools_cond[0],
@@ -197,7 +199,7 @@ def _pools_condition(
     pools: Sequence[Mapping[str, Any]],
     eligible: Sequence[Mapping[str, Any]],
     degraded: Sequence[Mapping[str, Any]],
-    unpooled: Sequence[str],
+    unpooled_note: str,
 ) -> tuple[str, str, str]:
     held = "; ".join(
         f"{pool['name']} degraded ({pool['reason']}), kept until {pool.get('removalAt')}" for pool in degraded
@@ -205,8 +207,7 @@ def _pools_condition(
     if not eligible and degraded:
         return "False", "PoolsDegraded", held
     if not pools:
-        extra = f" ({len(unpooled)} GPU nodes carry no pool label: {', '.join(unpooled)})" if unpooled else ""
-        return "False", "NoGPUNodePools", f"no GPU node pools found{extra}"
+        return "False", "NoGPUNodePools", f"no GPU node pools found{unpooled_note}"
     ineligible = [pool for pool in pools if not pool["eligible"]]
     details = "; ".join(f"{pool['name']}: {pool['message']}" for pool in ineligible)
     if not eligible:
@@ -217,6 +218,23 @@ def _pools_condition(
     if degraded:
         message += f"; {held}"
     return "True", "EligiblePoolsFound", message
+
+
+def _unpooled_note(unpooled: Sequence[str], label_key: str | None, other_pool_labels: Sequence[str]) -> str:
+    """What the NoGPUNodePools message says of the GPU nodes in no pool: the label they lack (the key
+    spec.nodePools.labelKey names, when set) and the pool labels they carry instead."""
+    if not unpooled:
+        return ""
+    nodes = ", ".join(unpooled)
+    if label_key is None:
+        return f" ({len(unpooled)} GPU nodes carry no pool label: {nodes})"
+    note = f" ({len(unpooled)} GPU nodes carry no {label_key} label, the key spec.nodePools.labelKey names: {nodes}"
+    if other_pool_labels:
+        note += (
+            f"; they carry {', '.join(other_pool_labels)}: set spec.nodePools.labelKey to that key, "
+            f"or label the nodes with {label_key}"
+        )
+    return note + ")"
 
 
 def _predictors_condition(

@@ -1,4 +1,4 @@
-"""Watch streams that heal: the one place where the operator leans on kopf's internals.
+"""Watch streams and a peering keep-alive that heal: the one place where the operator leans on kopf's internals.
 
 kopf 1.45 (``kopf._cogs.clients.watching``) re-lists after a ``410 Gone`` ERROR event, but raises
 ``WatchingError`` for an ERROR event of any other status, and lets an API error escalate once
@@ -13,6 +13,15 @@ list-then-watch cycle) so that it does so too:
   tombstones), so kopf's indices and handlers forget them as they would have seen it live;
 - every stream records when it last made progress (a list, an event, a new watch request), which the
   operator's liveness probe reads.
+
+kopf's peering keep-alive (``kopf._core.engines.peering.keepalive``, one task per peering object) patches the
+peering object through the same retrying request, and lets the error escalate once the retries are spent: the
+task ends, and kopf's orchestrator ends the operator with it ("Multidimensional multitasker has failed") soon
+after an outage of about a minute, with the watches already healed. No setting of kopf's changes that alone:
+``settings.networking.error_backoffs`` is shared by every request kopf makes, and retries without end there would
+keep a watch's list waiting inside kopf, out of sight of the healing above and of the liveness probe.
+:func:`install` also wraps the keep-alive so that a failed one is logged and started again after the same capped
+backoff, as a watch stream is; the keep-alive's own ``finally`` (kopf removing the peer's record) runs as before.
 """
 
 from __future__ import annotations
@@ -21,13 +30,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import kopf
 from kopf._cogs.clients import errors as kopf_errors
 from kopf._cogs.clients import watching as kopf_watching
 from kopf._cogs.structs.references import Namespace
+from kopf._core.engines import peering as kopf_peering
 
 LOGGER = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 0.5
@@ -46,6 +56,7 @@ _STATE_ATTRIBUTE = "clef_watch_streams"
 
 _original_continuous_watch = kopf_watching.continuous_watch
 _original_watch_objs = kopf_watching.watch_objs
+_original_keepalive = kopf_peering.keepalive
 
 
 @dataclass
@@ -126,6 +137,30 @@ async def watch_objs(
         yield item
 
 
+async def keepalive(*, settings: kopf.OperatorSettings, **kwargs: Any) -> NoReturn:
+    """kopf's peering keep-alive, started again after a capped backoff whenever an API failure ends it (the
+    backoff starts over once a keep-alive has lasted a whole peering lifetime)."""
+    loop = asyncio.get_running_loop()
+    failures = 0
+    while True:
+        started = loop.time()
+        try:
+            await _original_keepalive(settings=settings, **kwargs)
+        except HEALABLE as exc:
+            if loop.time() - started > settings.peering.lifetime:
+                failures = 0
+            delay = backoff(failures)
+            failures += 1
+            LOGGER.warning(
+                "peering keep-alive in %r failed (%s: %s); trying again in %.1f s",
+                settings.peering.name,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            await asyncio.sleep(delay)
+
+
 def stale_streams(settings: kopf.OperatorSettings, now: float, limit: float) -> list[str]:
     """The streams that made no progress (list, event, new watch request, retry) in the last ``limit`` s."""
     return [
@@ -136,11 +171,16 @@ def stale_streams(settings: kopf.OperatorSettings, now: float, limit: float) -> 
 
 
 def install() -> None:
-    """Put the healing cycle in place of kopf's (idempotent)."""
+    """Put the healing cycle and keep-alive in place of kopf's (idempotent)."""
     kopf_watching.continuous_watch = continuous_watch
     kopf_watching.watch_objs = watch_objs
+    kopf_peering.keepalive = keepalive
 
 
 def installed() -> bool:
-    """Whether kopf's watch loop runs the healing cycle."""
-    return kopf_watching.continuous_watch is continuous_watch and kopf_watching.watch_objs is watch_objs
+    """Whether kopf's watch loop runs the healing cycle and its peering the healing keep-alive."""
+    return (
+        kopf_watching.continuous_watch is continuous_watch
+        and kopf_watching.watch_objs is watch_objs
+        and kopf_peering.keepalive is keepalive
+    )

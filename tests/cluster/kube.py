@@ -128,12 +128,12 @@ class Operator:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         return container
 
-    def start(self) -> None:
+    def start(self, *extra_args: str) -> None:
         """Start the operator as the Deployment's pod would run: its arguments (with a free liveness port on
-        127.0.0.1) and its environment; output to operator.log."""
+        127.0.0.1, then ``extra_args``) and its environment; output to operator.log."""
         assert self.process is None or self.process.poll() is not None, "the operator already runs"
         container = self.container()
-        args = [*container["args"], f"--liveness-port={free_port()}", "--liveness-host=127.0.0.1"]
+        args = [*container["args"], f"--liveness-port={free_port()}", "--liveness-host=127.0.0.1", *extra_args]
         pod_fields = {"metadata.name": "operator-local", "metadata.namespace": SYSTEM_NS}
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig())}
         env.pop("KUBERNETES_SERVICE_HOST", None)

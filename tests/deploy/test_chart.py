@@ -312,6 +312,12 @@ def test_notes_describe_the_release(tmp_path: pathlib.Path) -> None:
     all_on = render_notes(tmp_path / "all-on", [ALL_ON_VALUES])
     assert "these namespaces: team-a, team-b" in all_on
     assert 'ServingRuntime "clef-runtime"' in all_on
+    # KServe only for the kserve backend; the example applied into a namespace, after its claims.
+    assert "KServe's CRDs (InferenceService) are needed only for the kserve backend" in default
+    assert "kubectl apply -n ml-serving -f manifests/examples/clefdecision.yaml" in default
+    assert "clef-models, clef-compile-cache" in default
+    assert "kubectl apply -n team-a -f manifests/examples/clefdecision.yaml" in all_on
+    assert "It needs no KServe: operator.defaultBackend is deployment" in all_on
 
 
 def test_chart_and_operator_accept_the_same_cache_volume_sources() -> None:

@@ -284,6 +284,41 @@ async def test_hand_edit_is_reverted(cluster: Cluster) -> None:
     assert writes(cluster) == {("POST", "clef-h100-pool"): 1, ("PATCH", "clef-h100-pool"): 1}
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"annotations": {"clef-serving.io/pool": "another-pool"}},
+        {"labels": {"clef-serving.io/decision": "someone-else"}},
+        {
+            "annotations": {"clef-serving.io/pool-label-key": "example.com/pool"},
+            "labels": {"clef-serving.io/pool": "x"},
+        },
+    ],
+)
+async def test_hand_edit_of_ownership_metadata_is_put_back(cluster: Cluster, edit: dict[str, Any]) -> None:
+    """Ownership is the controller ownerReference: an edited pool annotation or decision label is put back on the
+    same InferenceService, never a reason for a second one, a deletion or a pool left Pending."""
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(DECISIONS.format(ns=NS), decision())
+    async with running_operator():
+        await has_isvcs(cluster, {"clef-h100-pool"})
+        before = (await isvcs(cluster))["clef-h100-pool"]["metadata"]
+        await cluster.merge(f"{ISVCS.format(ns=NS)}/clef-h100-pool", {"metadata": edit})
+
+        async def restored() -> bool:
+            meta = (await isvcs(cluster))["clef-h100-pool"]["metadata"]
+            return meta["labels"] == before["labels"] and meta["annotations"] == before["annotations"]
+
+        await eventually(restored)
+        await pool_state(cluster, "h100-pool", "Serving")
+        await asyncio.sleep(SETTLE)
+    assert set(await isvcs(cluster)) == {"clef-h100-pool"}
+    assert (await isvcs(cluster))["clef-h100-pool"]["metadata"]["uid"] == before["uid"]
+    counts = writes(cluster)
+    assert counts[("PATCH", "clef-h100-pool")] == 1 and counts[("POST", "clef-h100-pool")] <= 2, counts
+    assert not [w for w in counts if w[0] == "DELETE" or w[1] != "clef-h100-pool"], counts
+
+
 async def test_freed_name_is_taken_at_once(cluster: Cluster) -> None:
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(

@@ -8,7 +8,7 @@ import pytest
 
 from clef_operator import status as s
 from clef_operator.__main__ import build_parser
-from clef_operator.pools import GpuInfo, NodePool, PoolDecision
+from clef_operator.pools import GpuInfo, GpuNode, NodePool, PoolDecision, group_into_pools, pool_labels_carried
 from clef_operator.spec import InvalidSpecError, check_host_path, parse_duration, parse_spec
 
 MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
@@ -175,6 +175,34 @@ def test_variants_best_first() -> None:
     assert fp8_only.best_variant((8, 6)) is None and fp8_only.best_variant((10, 0)).quantization == "fp8"
 
 
+def test_no_pools_message_names_the_label_key_the_nodes_lack() -> None:
+    """Nodes that carry a well-known pool label but not spec.nodePools.labelKey: the message names the key they
+    lack and the ones they carry, not "no pool label"."""
+    nodes = [
+        GpuNode("gpu-a", {"karpenter.sh/nodepool": "h100", "nvidia.com/gpu.present": "true"}, 8),
+        GpuNode("gpu-b", {"nvidia.com/gpu.present": "true"}, 8),
+    ]
+    pools, unpooled = group_into_pools(nodes, "example.com/pool")
+    assert pools == [] and unpooled == ["gpu-a", "gpu-b"]
+    status = s.build_status(
+        generation=1,
+        pools=[],
+        unpooled=unpooled,
+        label_key="example.com/pool",
+        other_pool_labels=pool_labels_carried(nodes),
+        now="t",
+    )
+    ready = _ready(status)
+    assert ready["reason"] == "NoGPUNodePools"
+    assert ready["message"] == (
+        "no GPU node pools found (2 GPU nodes carry no example.com/pool label, the key spec.nodePools.labelKey "
+        "names: gpu-a, gpu-b; they carry karpenter.sh/nodepool: set spec.nodePools.labelKey to that key, or label "
+        "the nodes with example.com/pool)"
+    )
+    without_key = s.build_status(generation=1, pools=[], unpooled=["gpu-b"], now="t")
+    assert _ready(without_key)["message"] == "no GPU node pools found (1 GPU nodes carry no pool label: gpu-b)"
+
+
 def test_cli_defaults() -> None:
     args = build_parser().parse_args([])
     assert (args.namespace, args.liveness_port, args.peering, args.standalone) == ([], 8080, "clef-operator", False)
@@ -183,6 +211,7 @@ def test_cli_defaults() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["-n", "a", "--all-namespaces"])
     assert build_parser().parse_args([]).allow_host_path_prefix == []
+    assert build_parser().parse_args([]).peering_lifetime == 20
     assert build_parser().parse_args(["--allow-host-path-prefix", "/var/cache/clef"]).allow_host_path_prefix == [
         "/var/cache/clef"
     ]
@@ -198,3 +227,4 @@ def test_kopf_watches_and_calls_are_bounded() -> None:
     assert (settings.watching.server_timeout, settings.watching.client_timeout) == (300, 330)
     assert settings.watching.connect_timeout == settings.networking.connect_timeout == 30
     assert settings.networking.request_timeout == 60
+    assert settings.peering.lifetime == 20  # kopf's 60 s kept a killed operator's restart paused ~56 s

@@ -17,9 +17,15 @@ import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
+from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import watching as kopf_watching
+from kopf._cogs.structs import references
+from kopf._core.engines import peering as kopf_peering
+from kopf._core.reactor import orchestration
+from kopf._core.reactor import queueing as kopf_queueing
 
 from clef_operator import handlers, watch_healing
 from clef_tools.local_server import free_port
@@ -90,6 +96,61 @@ async def test_failed_cycle_backs_off_and_replays_deletions(monkeypatch: pytest.
     second = [item async for item in watch_healing.continuous_watch(settings=settings, resource="r", namespace=None)]
     assert second == [{"type": None, "object": b}, {"type": "DELETED", "object": a}, kopf_watching.Bookmark.LISTED]
     assert [watch_healing.backoff(n) for n in range(7)] == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+async def test_kopf_keepalive_dies_on_an_outage_and_the_healing_one_starts_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's peering keep-alive lets an API failure escape once its request's retries are spent (the behaviour
+    being healed: the task's end stops the operator), kopf's orchestrator spawns it by module name (so the
+    installed wrapper runs), and the wrapper starts it again after a backoff."""
+    settings = kopf.OperatorSettings()
+    settings.peering.name = "clef-operator"
+    settings.networking.error_backoffs = [0.1]
+    peerings = references.Resource(group="kopf.dev", version="v1", plural="clusterkopfpeerings", namespaced=False)
+    failing = {"left": 2}  # the keep-alive's touch, then its finally's touch (removing the peer's record)
+    touches: list[Any] = []
+
+    async def patch_obj(**kwargs: Any) -> tuple[dict[str, Any], None]:
+        touches.append(kwargs["patch"])
+        if failing["left"]:
+            failing["left"] -= 1
+            raise aiohttp.ClientConnectionError("connection refused")
+        return {}, None
+
+    monkeypatch.setattr(kopf_peering.patching, "patch_obj", patch_obj)
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await watch_healing._original_keepalive(
+            namespace=None, resource=peerings, identity=kopf_peering.Identity("me"), settings=settings
+        )
+    assert len(touches) == 2
+
+    assert watch_healing.installed()
+    monkeypatch.setattr(kopf_queueing, "watcher", lambda **_: asyncio.sleep(3600))  # no peering observer here
+    paused = aiotoggles.ToggleSet(any)
+    ensemble = orchestration.Ensemble(
+        operator_indexed=aiotoggles.ToggleSet(all),
+        operator_paused=paused,
+        peering_missing=await paused.make_toggle(name="peering CRD is missing"),
+    )
+    failing["left"] = 2
+    touches.clear()
+    await orchestration.spawn_missing_peerings(
+        ensemble=ensemble,
+        settings=settings,
+        identity=kopf_peering.Identity("me"),
+        resources=[peerings],
+        namespaces=[None],
+    )
+    (task,) = ensemble.pinging_tasks.values()
+    try:
+        await asyncio.sleep(watch_healing.backoff(0) + 1)
+        assert not task.done()
+        assert len(touches) == 3  # failed, its record's removal failed, then a new keep-alive's touch
+    finally:
+        for running in ensemble.get_tasks(ensemble.get_keys()):
+            running.cancel()
+        await asyncio.gather(*ensemble.get_tasks(ensemble.get_keys()), return_exceptions=True)
 
 
 async def test_liveness_fails_on_a_stuck_stream_or_a_dead_scheduler() -> None:

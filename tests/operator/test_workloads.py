@@ -321,7 +321,9 @@ async def _pass(api: Api, autoscaling: dict[str, Any]) -> Any:
     }
 
     def adopt(obj: dict[str, Any]) -> None:
-        obj["metadata"]["ownerReferences"] = [{"uid": "u-1", "kind": "ClefDecision", "name": "clef"}]
+        obj["metadata"]["ownerReferences"] = [
+            {"uid": "u-1", "kind": "ClefDecision", "name": "clef", "controller": True}
+        ]
 
     api.calls.clear()
     return await reconcile(body, nodes=[H100_NODE], api=api, adopt=adopt)  # type: ignore[arg-type]
