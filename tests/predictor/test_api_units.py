@@ -49,6 +49,12 @@ def test_a_full_queue_is_429_and_a_server_that_cannot_serve_503() -> None:
     for reason in ("warming_up", "draining", "engine_dead", "encoder_died"):
         refused = from_service_error(Unavailable("not now", reason, 5))
         assert refused.status == 503 and refused.headers["Retry-After"] == "5", reason
+    import grpc
+
+    from predictor.http.grpc_access import grpc_status
+
+    # over gRPC both stay UNAVAILABLE, gRPC's retryable status, with the delay in the message
+    assert grpc_status(Unavailable("full", "overloaded", 2)) == (grpc.StatusCode.UNAVAILABLE, "full (retry after 2 s)")
 
 
 def test_model_list_satisfies_the_hosted_shape_and_openais() -> None:
