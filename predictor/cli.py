@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import logging
 import sys
 from collections.abc import Sequence
@@ -99,13 +100,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--max-queued-requests",
         type=int,
         default=None,
-        help="records admitted at once; more get 503 + Retry-After (default: 4 x what the engine runs at once)",
+        help="records admitted at once; more get 429 + Retry-After (default: 4 x what the engine runs at once)",
     )
     group.add_argument(
         "--max-queue-wait-s",
         type=float,
         default=DEFAULT_MAX_QUEUE_WAIT_S,
-        help="a request is refused with 503 + Retry-After when the records already admitted would take longer "
+        help="a request is refused with 429 + Retry-After when the records already admitted would take longer "
         "than this to answer at the measured service rate (records answered per busy second)",
     )
     group.add_argument(
@@ -122,9 +123,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help=f"exit with code {ENGINE_DEAD_EXIT_CODE} when the engine dies (else serve 503 and fail liveness)",
     )
     group.add_argument("--json-logs", action="store_true", help="one JSON line per inference request on stdout")
-    group.add_argument("--description", default=None, help="model description in GET /jev/v1/models")
+    group.add_argument("--description", default=None, help="model description in GET /v1/models")
     group.add_argument(
-        "--release-date", default=None, help="YYYY-MM-DD in GET /jev/v1/models; without it, config.json's date"
+        "--release-date", default=None, help="YYYY-MM-DD in GET /v1/models; without it, config.json's date"
     )
     group.add_argument("--demo-cache-dir", type=Path, default=None, help="where the demo release is cached")
     add_api_args(group)
@@ -155,9 +156,19 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--drain-timeout must be at least 1")
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes must be at least 1024")
+    if args.release_date is not None and not is_iso_date(args.release_date):
+        parser.error(f"--release-date {args.release_date!r} is not a date written YYYY-MM-DD")
     if args.model_dir is not None and not args.model_dir.is_dir():
         parser.error(f"--model-dir {args.model_dir} is not a directory")
     check_api_args(parser, args)
+
+
+def is_iso_date(text: str) -> bool:
+    """Whether ``text`` is a date written ``YYYY-MM-DD``."""
+    try:
+        return datetime.date.fromisoformat(text).isoformat() == text
+    except ValueError:
+        return False
 
 
 def configure_logging(args: argparse.Namespace) -> None:

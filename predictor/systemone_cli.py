@@ -11,23 +11,21 @@ engine is vLLM unless ``--engine`` says otherwise. A card flag the predictor can
 ``--host`` or ``--tp`` with a predictor that has no such flag) stops the command with an error.
 
 Routes are the predictor's (``POST /v1/systemone``, ``GET /health`` answering 503 until warm-up has
-finished, KServe's and the Jev API's), except that ``GET /v1/models`` answers in the card's shape, an
-OpenAI-style list ``{"object": "list", "data": [{"id": NAME, "object": "model", "owned_by": "clef"}]}``,
-instead of KServe's ``{"models": [NAME]}``.
+finished, KServe's and the Jev API's); its ``GET /v1/models`` carries the card's OpenAI-style list
+(``{"object": "list", "data": [{"id": NAME, "object": "model", ...}]}``) beside the hosted API's ``models``
+(:func:`predictor.http.jev_api.model_list`).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 CARD_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 """The predictor's default ``--host`` (``predictor.http.server_limits.HttpLimits.host``; a test keeps them equal)."""
 CARD_MAX_MODEL_LEN = 16384
 CARD_MODEL_NAME = "clef-flash"
-OWNER = "clef"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,24 +89,8 @@ def predictor_argv(args: argparse.Namespace, rest: list[str], predictor_parser: 
     return argv + rest
 
 
-def card_model_list(name: str) -> dict[str, Any]:
-    """``GET /v1/models`` in the card's shape."""
-    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": OWNER}]}
-
-
-def install_card_routes(app: Any, name: str) -> None:
-    """Add the card's ``GET /v1/models`` to KServe's app before KServe adds its own routes, so it wins."""
-
-    async def list_models() -> dict[str, Any]:
-        return card_model_list(name)
-
-    app.add_api_route("/v1/models", list_models, methods=["GET"], tags=["clef-systemone"])
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the card's command line and run the predictor with it."""
-    from kserve.model_server import app
-
     from predictor import cli
 
     parser = build_parser()
@@ -120,7 +102,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    install_card_routes(app, args.served_model_name)
     cli.main(translated)
 
 

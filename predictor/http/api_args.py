@@ -14,15 +14,22 @@ from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
 from predictor.core.errors import ServiceError
 from predictor.http.api_config import ApiConfig, GrpcConfig, KServeServerConfig
 from predictor.http.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
-from predictor.http.errors import ApiError, api_error_handler, service_error_handler, validation_error_handler
+from predictor.http.errors import (
+    ApiError,
+    api_error_handler,
+    http_exception_handler,
+    service_error_handler,
+    validation_error_handler,
+)
 from predictor.http.health import install_health_routes
 from predictor.http.http_body import RequestBodyMiddleware
-from predictor.http.jev_api import add_routes
+from predictor.http.jev_api import API_BASES, add_routes
 from predictor.http.observe import RequestObserverMiddleware
 from predictor.http.route_guard import RouteGuardMiddleware
 from predictor.http.server_limits import ClefModelServer, GrpcSettings, HttpLimits
@@ -129,7 +136,7 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         "--max-connections",
         type=int,
         default=DEFAULTS.limits.max_connections,
-        help="open connections (and running requests) beyond which new ones get 503",
+        help="open connections (and running requests) beyond which new ones get 429 + Retry-After",
     )
     group.add_argument(
         "--vision",
@@ -273,8 +280,9 @@ def install_api(app: FastAPI, model: ServedModel, config: ApiConfig, keys: ApiKe
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(ServiceError, service_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_exception_handler)
     add_routes(app, model.service, model.options.max_batch_items)
-    install_health_routes(app, model.lifecycle)
+    install_health_routes(app, model.lifecycle, API_BASES)
 
 
 def build_server(config: ApiConfig, keys: ApiKeys) -> ClefModelServer:

@@ -18,16 +18,17 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from predictor.http.errors import AUTHENTICATION, ApiError
+from predictor.http.errors import AUTHENTICATION, HEADER, ApiError
 
 log = logging.getLogger(__name__)
 
 API_KEYS_ENV = "CLEF_API_KEYS"
 #: How often (seconds) the key file's modification time is checked.
 RELOAD_CHECK_S = 1.0
-#: Paths answered without a key: liveness, readiness (Kubernetes probes carry no key) and metrics.
+#: Paths answered without a key: liveness, readiness (Kubernetes probes carry no key; the health routes under the
+#: ``/jev`` base too) and metrics.
 OPEN_PATHS = re.compile(
-    r"^(/|/health|/health/live|/metrics|/v2/health/(live|ready)|/v2/models/[^/]+/ready|/v1/models/[^/:]+)$"
+    r"^(/|/metrics|(/jev)?(/health|/health/live|/v2/health/(live|ready))|/v2/models/[^/]+/ready|/v1/models/[^/:]+)$"
 )
 OPEN_METHODS = ("GET", "HEAD")
 
@@ -110,8 +111,15 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 def unauthorized(message: str) -> ApiError:
-    """A 401 in the API's error shape, with the challenge that names the scheme."""
-    return ApiError(HTTPStatus.UNAUTHORIZED, AUTHENTICATION, message, headers={"WWW-Authenticate": "Bearer"})
+    """A 401 in the API's error shape naming the ``Authorization`` header, with the challenge that names the scheme."""
+    return ApiError(
+        HTTPStatus.UNAUTHORIZED,
+        AUTHENTICATION,
+        message,
+        "Authorization",
+        headers={"WWW-Authenticate": "Bearer"},
+        source=HEADER,
+    )
 
 
 class ApiKeyMiddleware:

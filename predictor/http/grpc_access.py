@@ -35,6 +35,8 @@ STATUS_CODES = {
     HTTPStatus.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     HTTPStatus.REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     HTTPStatus.SERVICE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    # a full queue: gRPC's retryable status (RESOURCE_EXHAUSTED means a quota, which retrying does not cure)
+    HTTPStatus.TOO_MANY_REQUESTS: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -1,5 +1,7 @@
 """Health routes: ``GET /health/live`` (liveness), ``GET /health`` (status as JSON) and KServe's server
-readiness ``GET /v2/health/ready``, answered from the lifecycle (KServe's own answers 200 while warm-up runs).
+readiness ``GET /v2/health/ready``, answered from the lifecycle (KServe's own answers 200 while warm-up runs),
+at the root and under every other API base (``/jev/health``: a client configured with the ``/jev`` base
+finds them there).
 
 Model readiness stays on KServe's own routes (``GET /v1/models/<name>``, ``/v2/models/<name>/ready``),
 which ask the model's :class:`~predictor.serving.lifecycle.Lifecycle` too. KServe logs each of their 503s with a
@@ -9,6 +11,7 @@ traceback at ERROR; :class:`NotReadyTracebackFilter` drops those (a probe during
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -50,10 +53,13 @@ def health_router(lifecycle: Lifecycle) -> APIRouter:
     return router
 
 
-def install_health_routes(app: FastAPI, lifecycle: Lifecycle) -> None:
-    """Put the health routes first in ``app``: the first route that matches answers, and KServe's app already
-    has its own ``/v2/health/ready``."""
-    app.router.routes[:0] = health_router(lifecycle).routes
+def install_health_routes(app: FastAPI, lifecycle: Lifecycle, bases: Sequence[str] = ("",)) -> None:
+    """Put the health routes, under each of ``bases`` (``""``: the root), first in ``app``: the first route that
+    matches answers, and KServe's app already has its own ``/v2/health/ready``."""
+    routes = APIRouter()
+    for base in bases:
+        routes.include_router(health_router(lifecycle), prefix=base)
+    app.router.routes[:0] = routes.routes
 
 
 class NotReadyTracebackFilter(logging.Filter):

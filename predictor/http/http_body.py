@@ -20,7 +20,15 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from predictor.core.errors import TooLarge
-from predictor.http.errors import TIMEOUT, TOO_LARGE, UNSUPPORTED_MEDIA, ApiError, bad_request, from_service_error
+from predictor.http.errors import (
+    HEADER,
+    TIMEOUT,
+    TOO_LARGE,
+    UNSUPPORTED_MEDIA,
+    ApiError,
+    bad_request,
+    from_service_error,
+)
 from predictor.http.kserve_inputs import kserve_body_error
 from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES, MAX_JSON_CONTAINERS, check_json_counts
 
@@ -61,6 +69,7 @@ def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
                 UNSUPPORTED_MEDIA,
                 f"Content-Encoding {coding!r} is not supported; use one of {', '.join(SUPPORTED_ENCODINGS)}",
                 "Content-Encoding",
+                source=HEADER,
             )
     for coding in reversed(codings):
         if coding == "gzip":

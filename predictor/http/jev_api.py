@@ -1,8 +1,13 @@
-"""The TypeSafe System One / Jev API and the health route, added to KServe's FastAPI app.
+"""The TypeSafe System One / Jev API, added to KServe's FastAPI app.
 
-``POST /v1/systemone`` answers at the root (beside KServe's routes). The whole Jev API, with its own
-``GET /v1/models`` list, is also mounted under ``/jev`` so that ``TypeSafeClient(base_url=".../jev")``
-works unchanged while KServe's ``GET /v1/models`` keeps its KServe shape.
+``POST /v1/systemone`` and ``GET /v1/models`` answer at the root (in front of KServe's own ``/v1/models``) and,
+with the health routes, under ``/jev`` too, so a client works with either base URL
+(``TypeSafeClient(base_url=".../jev")``, as the SDK's hosted paths need, or the server's root).
+
+``GET /v1/models`` answers one body that every reader of a model list accepts: the hosted API's
+``{"models": [{"name", "description", "release_date"}]}`` (the TypeSafe SDK, ``jev-lite``, ``avrik-sdk``) beside
+OpenAI's ``{"object": "list", "data": [{"id", "object", "created", "owned_by"}]}`` (the model card's server),
+each listing the served model, then each alias.
 
 ``POST /v1/systemone/batch`` takes a JSON array of System One bodies and answers a JSON array of the same
 length: each item is a response, or ``{"status", "error", "detail"}`` for an item that failed; the valid
@@ -12,7 +17,8 @@ items are submitted to the engine together. Bodies are read, validated and encod
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import datetime
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -21,9 +27,31 @@ from fastapi.responses import JSONResponse
 from predictor.core.errors import ServiceError
 from predictor.http.errors import from_service_error
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
-from predictor.serving.service import SystemOneService
+from predictor.serving.service import ModelCard, SystemOneService
 
 JEV_PREFIX = "/jev"
+API_BASES = ("", JEV_PREFIX)
+"""The base paths the Jev API answers under: the server's root and ``/jev``."""
+MODELS_PATH = "/v1/models"
+OWNER = "clef"
+"""``owned_by`` of the OpenAI-style entries."""
+
+
+def release_timestamp(release_date: str) -> int:
+    """OpenAI's ``created`` (Unix seconds, UTC midnight) of a ``YYYY-MM-DD`` release date."""
+    day = datetime.date.fromisoformat(release_date)
+    return int(datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp())
+
+
+def model_list(card: ModelCard, aliases: Sequence[str]) -> dict[str, Any]:
+    """``GET /v1/models``: the served model, then each alias, in the hosted shape and in OpenAI's."""
+    names = [card.name, *aliases]
+    created = release_timestamp(card.release_date)
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": created, "owned_by": OWNER} for name in names],
+        "models": [{**card.to_json(), "name": name} for name in names],
+    }
 
 
 def system_one_handler(service: SystemOneService) -> Callable[[Request], Awaitable[JSONResponse]]:
@@ -53,7 +81,7 @@ def batch_handler(service: SystemOneService, max_items: int) -> Callable[[Reques
     return batch
 
 
-def system_one_routes(router: APIRouter | FastAPI, service: SystemOneService, max_batch_items: int) -> None:
+def system_one_routes(router: APIRouter, service: SystemOneService, max_batch_items: int) -> None:
     """``POST /v1/systemone`` and ``POST /v1/systemone/batch`` on ``router``."""
     router.add_api_route(
         "/v1/systemone", system_one_handler(service), methods=["POST"], response_model=None, tags=["Jev"]
@@ -67,21 +95,15 @@ def system_one_routes(router: APIRouter | FastAPI, service: SystemOneService, ma
     )
 
 
-def jev_router(service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> APIRouter:
-    """Routes of the Jev API: ``POST /v1/systemone(/batch)`` and ``GET /v1/models`` (TypeSafe's shape: the
-    served model, then each alias under its own name)."""
-    router = APIRouter()
+def add_routes(app: FastAPI, service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> None:
+    """``POST /v1/systemone(/batch)`` and ``GET /v1/models`` at the root and under ``/jev``; the root's
+    ``/v1/models`` comes before KServe's (its routes are added when the server starts)."""
 
     async def list_models() -> dict[str, Any]:
-        card = service.card.to_json()
-        return {"models": [card, *({**card, "name": alias} for alias in service.policy.aliases)]}
+        return model_list(service.card, service.policy.aliases)
 
-    system_one_routes(router, service, max_batch_items)
-    router.add_api_route("/v1/models", list_models, methods=["GET"])
-    return router
-
-
-def add_routes(app: FastAPI, service: SystemOneService, max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS) -> None:
-    """Add the Jev API under ``/jev`` and ``POST /v1/systemone(/batch)`` at the root too."""
-    app.include_router(jev_router(service, max_batch_items), prefix=JEV_PREFIX, tags=["Jev"])
-    system_one_routes(app, service, max_batch_items)
+    for base in API_BASES:
+        router = APIRouter()
+        system_one_routes(router, service, max_batch_items)
+        router.add_api_route(MODELS_PATH, list_models, methods=["GET"])
+        app.include_router(router, prefix=base, tags=["Jev"])

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from cloudevents.http import from_http
 
-from predictor.http.errors import ApiError, bad_request
+from predictor.http.errors import HEADER, ApiError, bad_request
 
 HEADER_LENGTH = "inference-header-content-length"
 #: Bytes per element of the fixed-size V2 datatypes (BYTES elements carry their own 4-byte lengths).
@@ -40,11 +40,11 @@ MAX_ELEMENTS = 1 << 20
 def check_v2_binary_body(body: bytes, header_value: str) -> None:
     """Raise a 400 :class:`ApiError` unless ``body`` is a well-formed V2 binary-extension body."""
     if not header_value.strip().isdigit():
-        raise bad_request(f"the {HEADER_LENGTH} header must be a non-negative integer", HEADER_LENGTH)
+        raise bad_request(f"the {HEADER_LENGTH} header must be a non-negative integer", HEADER_LENGTH, HEADER)
     json_length = int(header_value)
     if json_length > len(body):
         raise bad_request(
-            f"the {HEADER_LENGTH} header says {json_length} bytes but the body has {len(body)}", HEADER_LENGTH
+            f"the {HEADER_LENGTH} header says {json_length} bytes but the body has {len(body)}", HEADER_LENGTH, HEADER
         )
     try:
         header = orjson.loads(body[:json_length])

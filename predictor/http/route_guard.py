@@ -17,18 +17,20 @@ from http import HTTPStatus
 from typing import Any
 
 from predictor.core.errors import quoted
-from predictor.http.errors import NOT_FOUND, ApiError
+from predictor.http.errors import NOT_FOUND, PATH, ApiError
 
 REPOSITORY = re.compile(r"^/v2/repository(/|$)")
 DOCS = re.compile(r"^/(openapi\.json|docs|docs/oauth2-redirect|redoc)$")
 VERSIONS = re.compile(r"^/v2/models/[^/]+/versions(/|$)")
 EXPLAIN = re.compile(r"^/v1/models/[^/]+:explain$")
 MODEL_PATH = re.compile(r"^/v[12]/models/([^/:]+)")
+MODEL_NAME_PARAM = "model_name"
+"""The model's name in KServe's paths (its routes' path parameter)."""
 
 
-def not_found(message: str, param: str | None = None) -> ApiError:
-    """A 404 in the API's error shape."""
-    return ApiError(HTTPStatus.NOT_FOUND, NOT_FOUND, message, param)
+def not_found(message: str) -> ApiError:
+    """A 404 in the API's error shape for a path this server does not serve."""
+    return ApiError(HTTPStatus.NOT_FOUND, NOT_FOUND, message, source=None)
 
 
 class RouteGuardMiddleware:
@@ -59,7 +61,8 @@ class RouteGuardMiddleware:
         match = MODEL_PATH.match(path)
         if match and match.group(1) not in self.served_names:
             served = ", ".join(sorted(map(repr, self.served_names)))
-            return not_found(f"model {quoted(match.group(1))} is not served here; this server serves {served}")
+            message = f"model {quoted(match.group(1))} is not served here; this server serves {served}"
+            return ApiError(HTTPStatus.NOT_FOUND, NOT_FOUND, message, MODEL_NAME_PARAM, source=PATH)
         return None
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:

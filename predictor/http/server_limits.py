@@ -6,7 +6,7 @@ KServe binds uvicorn to 0.0.0.0 with httptools, which accepts headers of any siz
 request's headers. Here the HTTP protocol is h11 (its ``h11_max_incomplete_event_size`` bounds the bytes
 of a request line plus headers: past it, 431/400 and the connection closes), every connection must
 deliver a request's headers within ``header_timeout`` seconds of opening or of its previous response
-(else it is closed), past ``max_connections`` connections new requests get 503 except the probes (a
+(else it is closed), past ``max_connections`` connections new requests get 429 except the probes (a
 reserve of :data:`PROBE_RESERVE`), a request with both Content-Length and Transfer-Encoding gets 400 and its
 connection closed, and the open-file limit is raised to what ``max_connections`` needs.
 The heap built at startup is frozen (``gc.freeze``) before serving. KServe's OpenAI endpoints, which it registers for
@@ -59,7 +59,7 @@ from predictor.http.compat import (
     skip_kserve_openai_endpoints,
     use_grpc_server,
 )
-from predictor.http.errors import ApiError, bad_request, from_service_error
+from predictor.http.errors import HEADER, ApiError, bad_request, from_service_error
 from predictor.http.grpc_access import AccessInterceptor, grpc_status
 from predictor.serving.lifecycle import Lifecycle, Phase
 
@@ -97,7 +97,10 @@ def framing_conflict(headers: list[tuple[bytes, bytes]]) -> bool:
 
 async def refuse_framing(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
     """400 and ``Connection: close``: nothing after this request's headers is read as another request."""
-    body = orjson.dumps(bad_request("a request may not have both Content-Length and Transfer-Encoding").body())
+    refusal = bad_request(
+        "a request may not have both Content-Length and Transfer-Encoding", "Transfer-Encoding", HEADER
+    )
+    body = orjson.dumps(refusal.body())
     await send(
         {
             "type": "http.response.start",

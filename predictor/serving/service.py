@@ -2,8 +2,10 @@
 :mod:`predictor.serving.prepare`, in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.core.errors`); the HTTP layer maps them to statuses.
-Admission is bounded (``max_queued`` records at once, and no more than the measured service rate answers
-within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded`` with Retry-After);
+A body is read and validated before it is admitted: a bad one gets its error naming the field however busy the
+server is, and only valid work is shed. Admission is bounded (``max_queued`` records at once, and no more than
+the measured service rate answers within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded``
+with Retry-After);
 identical prompts are scored once, and a body identical to one answered before is answered without being
 read again (:class:`~predictor.serving.answer_cache.AnswerCache`).
 """
@@ -111,11 +113,7 @@ class SystemOneService:
         A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
         queue is empty.
         """
-        try:
-            self.lifecycle.check_serving()
-        except Unavailable as exc:
-            metrics.REJECTED.labels(reason=exc.reason).inc()
-            raise
+        self.check_serving()
         if self.queued and self.queued + records > self.max_queued:
             metrics.REJECTED.labels(reason="overloaded").inc()
             raise Unavailable(
@@ -142,6 +140,14 @@ class SystemOneService:
         finally:
             self.queued -= records
             self.rate.leave(records)
+
+    def check_serving(self) -> None:
+        """Raise :class:`Unavailable` unless the model serves now (warming up, draining, engine dead)."""
+        try:
+            self.lifecycle.check_serving()
+        except Unavailable as exc:
+            metrics.REJECTED.labels(reason=exc.reason).inc()
+            raise
 
     @property
     def settings(self) -> PrepareSettings:
@@ -189,7 +195,8 @@ class SystemOneService:
         answered = time.perf_counter()
         tokens = len(encoded.input_ids)
         count_record(tokens)
-        response = build_response(request, encoded.layout, logits, tokens)  # echoes the name asked for (an alias)
+        response = build_response(request, encoded.layout, logits, tokens)
+        response["model"] = self.card.name  # the model that answered, whichever alias was asked for
         response["usage"]["state_truncated"] = encoded.state_truncated
         metrics.STAGE_SECONDS.labels(stage="answer").observe(time.perf_counter() - answered)
         return response
@@ -199,23 +206,27 @@ class SystemOneService:
         return (await self.answer_many([body], prefixes=[""]))[0]
 
     async def answer_json(self, raw: bytes, content_type: str) -> dict[str, Any]:
-        """``POST /v1/systemone``: the response to a raw body (read, validated and encoded by the preparer)."""
-        with self.admitted(1):
-            key = body_key(self.settings, content_type, raw)
-            kept = self.cache.response(key)
-            if kept is not None:
+        """``POST /v1/systemone``: the response to a raw body (read, validated and encoded by the preparer, then
+        admitted; a body answered before is admitted without being read again)."""
+        self.check_serving()
+        key = body_key(self.settings, content_type, raw)
+        kept = self.cache.response(key)
+        if kept is not None:
+            with self.admitted(1):
                 count_record(kept["usage"]["input_tokens"])
                 self.rate.answered()
                 return kept
-            request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
+        request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
+        with self.admitted(1):
             response = await self.score(request, encoded)
-            self.cache.keep_response(key, response)
-            return response
+        self.cache.keep_response(key, response)
+        return response
 
     async def answer_many(self, bodies: Sequence[Any], prefixes: Sequence[str]) -> list[dict[str, Any]]:
-        """Responses for several parsed bodies; all are validated and encoded before any is scored."""
+        """Responses for several parsed bodies; all are validated and encoded, then admitted, before any is scored."""
+        self.check_serving()
+        prepared = await self._prepare(prepare.prepare_all, list(bodies), list(prefixes))
         with self.admitted(len(bodies)):
-            prepared = await self._prepare(prepare.prepare_all, list(bodies), list(prefixes))
             return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
 
     async def answer_batch_json(
@@ -223,12 +234,16 @@ class SystemOneService:
     ) -> list[dict[str, Any] | ServiceError]:
         """``POST /v1/systemone/batch``: one response or one domain error per item of a raw JSON array.
 
-        The body holds one place in the admission queue while it is prepared (in one preparer call: the
-        array is read once and no item is copied between processes), then one per item while scored.
+        The array is prepared in one preparer call (read once, no item copied between processes); then its valid
+        items are admitted, one place each, while scored. An array with no valid item is answered with its items'
+        errors, however busy the server is.
         """
-        with self.admitted(1):
-            items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items)
-        with self.admitted(len(items)):
+        self.check_serving()
+        items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items)
+        valid = sum(not isinstance(item, ServiceError) for item in items)
+        if not valid:
+            return [item for item in items if isinstance(item, ServiceError)]
+        with self.admitted(valid):
 
             async def answer(item: Prepared | ServiceError) -> dict[str, Any] | ServiceError:
                 if isinstance(item, ServiceError):

@@ -91,7 +91,7 @@ def test_admission_sheds_by_expected_wait_with_503_and_retry_after(tokenizer: An
     assert all(isinstance(item, dict) for item in answered)
     assert isinstance(refused, Unavailable) and refused.reason == "overloaded"
     error = from_service_error(refused)
-    assert error.status == 503 and error.headers == {"Retry-After": "1"}
+    assert error.status == 429 and error.headers == {"Retry-After": "1", "retry-after-ms": "1000"}
     assert "--max-queue-wait-s 2" in error.message and "3 records queued" in error.message
 
 

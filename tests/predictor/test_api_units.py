@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from predictor.core.errors import format_param, parse_param, quoted
+from predictor.core.errors import Unavailable, format_param, parse_param, quoted
 from predictor.http import auth
 from predictor.http.api_args import api_config, check_api_args, request_policy
 from predictor.http.api_config import ApiConfig
 from predictor.http.auth import ApiKeys, bearer_token, parse_keys
-from predictor.http.errors import ApiError, invalid_field
+from predictor.http.errors import ApiError, from_service_error, invalid_field
+from predictor.http.jev_api import model_list
 from predictor.http.kserve_inputs import check_v2_binary_body, cloudevent_error
 from predictor.http.route_guard import RouteGuardMiddleware
 from predictor.serving.request_policy import RequestPolicy
+from predictor.serving.service import ModelCard
 
 
 @pytest.mark.parametrize("param", ["inputs[0].data[2].model", "instances[1].questions.q", "[3].model", "state", ""])
@@ -35,6 +37,37 @@ def test_error_body_has_our_object_and_fastapis_detail() -> None:
     assert body["detail"] == [{"loc": ["body", "questions", "q", "criteria"], "msg": message, "type": "value_error"}]
     nested = ApiError(404, "not_found_error", "gone", ("model",)).under(("instances", 2))
     assert nested.param == "instances[2].model" and nested.status == 404
+
+
+def test_a_full_queue_is_429_and_a_server_that_cannot_serve_503() -> None:
+    shed = from_service_error(Unavailable("the server is at capacity", "overloaded", 2))
+    assert shed.status == 429 and shed.headers == {"Retry-After": "2", "retry-after-ms": "2000"}
+    assert shed.body() == {
+        "error": {"message": "the server is at capacity", "type": "too_many_requests", "param": None},
+        "detail": "the server is at capacity",  # nothing in the request is at fault: no loc
+    }
+    for reason in ("warming_up", "draining", "engine_dead", "encoder_died"):
+        refused = from_service_error(Unavailable("not now", reason, 5))
+        assert refused.status == 503 and refused.headers["Retry-After"] == "5", reason
+    import grpc
+
+    from predictor.http.grpc_access import grpc_status
+
+    # over gRPC both stay UNAVAILABLE, gRPC's retryable status, with the delay in the message
+    assert grpc_status(Unavailable("full", "overloaded", 2)) == (grpc.StatusCode.UNAVAILABLE, "full (retry after 2 s)")
+
+
+def test_model_list_satisfies_the_hosted_shape_and_openais() -> None:
+    listed = model_list(ModelCard("clef-flash", "the model", "2026-09-15"), ("jev-latest",))
+    assert listed["object"] == "list"
+    assert listed["data"] == [
+        {"id": name, "object": "model", "created": 1789430400, "owned_by": "clef"}
+        for name in ("clef-flash", "jev-latest")
+    ]
+    assert listed["models"] == [
+        {"name": name, "description": "the model", "release_date": "2026-09-15"}
+        for name in ("clef-flash", "jev-latest")
+    ]
 
 
 def test_keys_from_text_skip_blanks_and_comments() -> None:

@@ -89,11 +89,12 @@ def test_probes_answer_past_the_connection_limit(server: Predictor) -> None:
         with httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as client:
             deadline = time.monotonic() + 60
             refused = client.post("/v1/systemone", json=simple_request())
-            while refused.status_code != 503 and time.monotonic() < deadline:
+            while refused.status_code != 429 and time.monotonic() < deadline:
                 time.sleep(0.2)
                 refused = client.post("/v1/systemone", json=simple_request())
-            assert refused.status_code == 503, "the connection limit was never reached"
-            for path in ("/health/live", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready", "/health"):
+            assert refused.status_code == 429, "the connection limit was never reached"
+            probes = ("/health/live", f"/v1/models/{MODEL_NAME}", f"/v2/models/{MODEL_NAME}/ready", "/health")
+            for path in (*probes, "/jev/health"):
                 assert client.get(path).status_code == 200, path
     finally:
         for sock in flood:

@@ -60,6 +60,8 @@ def _auth(key: str) -> dict[str, str]:
 def test_probes_and_metrics_need_no_key(client: httpx.Client) -> None:
     for path in (
         "/health",
+        "/jev/health",
+        "/jev/health/live",
         "/metrics",
         f"/v1/models/{MODEL_NAME}",
         f"/v2/models/{MODEL_NAME}/ready",
@@ -86,7 +88,9 @@ def test_inference_and_listing_routes_need_a_valid_key(client: httpx.Client, met
     for headers in ({}, _auth("wrong"), {"Authorization": KEY}, {"Authorization": "Basic a2V5LW9uZQ=="}):
         response = client.request(method, path, json=simple_request(), headers=headers)
         assert response.status_code == 401, (path, headers, response.text)
-        assert response.json()["error"]["type"] == "authentication_error"
+        body = response.json()
+        assert body["error"]["type"] == "authentication_error" and body["error"]["param"] == "Authorization"
+        assert body["detail"][0]["loc"] == ["header", "Authorization"], "the header is at fault, not the body"
         assert response.headers["www-authenticate"] == "Bearer"
         assert response.headers["x-typesafe-request-id"]
     accepted = client.request(
@@ -123,7 +127,7 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
     base = f"{server.url}/jev"
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key=KEY, model=ALIAS, timeout=300) as client:
         answer = client.system_one("I was charged twice", questions)
-        assert answer.model == ALIAS and answer.request_id
+        assert answer.model == MODEL_NAME and answer.request_id  # the model that answered, not the alias asked for
         assert [model.name for model in client.models.list().models] == [MODEL_NAME, ALIAS, SDK_DEFAULT]
         with pytest.raises(TypeSafeAPIError) as too_long:
             client.system_one("charged twice " * 4000, questions)
@@ -132,7 +136,7 @@ def test_typesafe_sdk_with_key_alias_and_errors(server: Predictor) -> None:
             too_long.value
         )
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key=KEY, timeout=300) as client:  # the SDK's default model
-        assert client.system_one("I was charged twice", questions).model == SDK_DEFAULT
+        assert client.system_one("I was charged twice", questions).model == MODEL_NAME
     with typesafe_sdk.TypeSafeClient(base_url=base, api_key="wrong", model=ALIAS, timeout=300) as client:
         with pytest.raises(TypeSafeAuthenticationError) as refused:
             client.system_one("I was charged twice", questions)
@@ -145,7 +149,7 @@ def test_alias_is_served_on_kserve_routes(client: httpx.Client) -> None:
         f"/v1/models/{ALIAS}:predict", json={"instances": [simple_request(model=ALIAS)]}, headers=_auth(KEY)
     )
     assert response.status_code == 200, response.text
-    assert response.json()["predictions"][0]["model"] == ALIAS
+    assert response.json()["predictions"][0]["model"] == MODEL_NAME
 
 
 def test_only_http_listens_and_only_on_the_host(server: Predictor) -> None:

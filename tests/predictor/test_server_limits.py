@@ -73,15 +73,15 @@ def test_past_the_connection_limit_only_probes_get_through() -> None:
     protocol = _protocol(HttpLimits(max_connections=2))
     protocol.connections.update({object(), object()})  # uvicorn's own sets: the protocol reads their sizes
     refused = _call(protocol, "POST", "/v1/systemone", [])
-    assert refused[0]["status"] == 503 and {(b"retry-after", b"1"), (b"connection", b"close")} <= set(
+    assert refused[0]["status"] == 429 and {(b"retry-after", b"1"), (b"connection", b"close")} <= set(
         refused[0]["headers"]
     )
     assert b"--max-connections 2" in refused[1]["body"]
-    assert _call(protocol, "GET", "/v1/systemone", [])[0]["status"] == 503
-    for path in ("/health/live", "/v1/models/clef-flash", "/v2/models/clef-flash/ready", "/health"):
+    assert _call(protocol, "GET", "/v1/systemone", [])[0]["status"] == 429
+    for path in ("/health/live", "/v1/models/clef-flash", "/v2/models/clef-flash/ready", "/health", "/jev/health"):
         assert _call(protocol, "GET", path, [])[1]["body"] == b"inner", path
     protocol.tasks.update(object() for _ in range(2 + 64 + 1))  # the probes' reserve is used up too
-    assert _call(protocol, "GET", "/health/live", [])[0]["status"] == 503
+    assert _call(protocol, "GET", "/health/live", [])[0]["status"] == 429
 
 
 def test_repository_unload_and_load_switch_the_model_out_of_service_and_back() -> None:

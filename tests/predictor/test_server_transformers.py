@@ -106,9 +106,10 @@ def test_jev_base_path_serves_the_same_api(client: httpx.Client, single_answer: 
     assert len(models[0]["release_date"]) == 10
 
 
-def test_kserve_model_list_keeps_its_shape(client: httpx.Client) -> None:
+def test_model_list_is_one_body_at_every_base(client: httpx.Client) -> None:
     listed = client.get("/v1/models").json()
-    assert listed.keys() == {"models"} and sorted(listed["models"]) == ["clef-flash", "jev-latest"]  # KServe's own
+    assert listed == client.get("/jev/v1/models").json()  # the hosted shape and OpenAI's, in front of KServe's
+    assert [model["id"] for model in listed["data"]] == [model["name"] for model in listed["models"]]
 
 
 def test_kserve_v1_predict(client: httpx.Client, single_answer: dict) -> None:
@@ -315,6 +316,36 @@ def test_bad_transport_details(client: httpx.Client) -> None:
         response = client.post("/v1/systemone", content=content, headers=headers)
         assert response.status_code == status, (headers, response.text)
         assert response.json()["error"]["param"] == param, (headers, response.text)
+        source = "header" if param == "Content-Encoding" else "body"
+        assert response.json()["detail"][0]["loc"] == [source, *([param] if param else [])], response.text
+
+
+@pytest.mark.parametrize(
+    "method, path, status, param, loc",
+    [
+        ("GET", "/nowhere", 404, None, None),
+        ("GET", "/jev/v1/nowhere", 404, None, None),
+        ("POST", "/jev/health", 405, None, None),
+        ("DELETE", "/v1/systemone", 405, None, None),
+        ("GET", "/v2/repository/index", 404, None, None),
+        ("GET", "/v2/models/other/ready", 404, "model_name", ["path", "model_name"]),
+    ],
+)
+def test_every_route_answers_errors_in_one_shape(
+    client: httpx.Client, method: str, path: str, status: int, param: str | None, loc: list[str] | None
+) -> None:
+    """Undefined routes, wrong methods and closed routes too: our ``error`` object and FastAPI's ``detail``, a
+    list naming the part of the request at fault, or the message when no part of it is."""
+    response = client.request(method, path)
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body.keys() == {"error", "detail"} and body["error"]["param"] == param and body["error"]["message"]
+    assert body["detail"] == (
+        [{"loc": loc, "msg": body["error"]["message"], "type": body["error"]["type"]}]
+        if loc
+        else body["error"]["message"]
+    )
+    assert response.headers["x-typesafe-request-id"]
 
 
 BAD_V1 = [
@@ -593,7 +624,7 @@ def test_typesafe_sdk_sees_typed_errors_with_field_paths_and_request_ids(server:
         assert "questions.q.criteria" in str(caught.value) and caught.value.request_id
         assert caught.value.body["detail"][0]["loc"] == ["body", "questions", "q", "criteria"]
     with typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", timeout=300) as client:
-        assert client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")}).model == "jev-latest"
+        assert client.system_one("hello", {"q": typesafe_sdk.Noul(instructions="Is it?")}).model == MODEL_NAME
         assert [model.name for model in client.models.list().models] == [MODEL_NAME, "jev-latest"]
     other = typesafe_sdk.TypeSafeClient(base_url=f"{server.url}/jev", api_key="unused", model="other", timeout=300)
     with other as client:

@@ -90,7 +90,7 @@ def serving(engine: FakeEngine, **options: Any) -> SystemOneService:
     return SystemOneService(engine, CARD, lifecycle, **options)
 
 
-def test_a_full_queue_answers_503_with_retry_after_at_once(tokenizer: Any) -> None:
+def test_a_full_queue_answers_429_with_retry_after_at_once(tokenizer: Any) -> None:
     engine = FakeEngine(tokenizer, capacity=1)
     service = serving(engine)
     assert service.max_queued == 4  # 4 x what the engine runs at once
@@ -115,7 +115,42 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(tokenizer: Any) -> No
     assert elapsed < 5, "refusals must not wait for the engine"
     assert all(isinstance(item, dict) and item["answers"] for item in answered)
     error = from_service_error(refused[0])
-    assert error.status == 503 and error.headers == {"Retry-After": "1"} and "--max-queued-requests" in error.message
+    assert error.status == 429 and error.headers == {"Retry-After": "1", "retry-after-ms": "1000"}
+    assert "--max-queued-requests" in error.message and error.body()["error"]["type"] == "too_many_requests"
+    assert service.queued == 0
+
+
+def test_a_full_queue_answers_bad_bodies_with_their_4xx(tokenizer: Any) -> None:
+    """Only valid work is shed: a malformed body gets its error naming the field however busy the server is."""
+    engine = FakeEngine(tokenizer, capacity=1)
+    service = serving(engine)
+    bad_field = simple_request()
+    bad_field["questions"]["topic"]["criteria"] = {"only": None}
+    bad_item = json.dumps([bad_field, "not a request"]).encode()
+
+    async def scenario() -> list[Any]:
+        engine.gate.clear()
+        held = [asyncio.create_task(service.answer(simple_request(state=f"held {i}"))) for i in range(4)]
+        while engine.calls < 4:
+            await asyncio.sleep(0.01)
+        outcomes = await asyncio.gather(
+            service.answer_json(b"{not json", "application/json"),
+            service.answer_json(json.dumps(bad_field).encode(), "application/json"),
+            service.answer(bad_field),
+            service.answer_batch_json(bad_item, "application/json", 8),
+            service.answer(simple_request(state="valid but late")),
+            return_exceptions=True,
+        )
+        engine.gate.set()
+        await asyncio.gather(*held)
+        return outcomes
+
+    unreadable, bad_json, bad_parsed, batch, valid = asyncio.run(scenario())
+    assert from_service_error(unreadable).status == 400, unreadable
+    for error in (bad_json, bad_parsed):
+        assert from_service_error(error).status == 422 and error.loc == ("questions", "topic", "criteria"), error
+    assert [(from_service_error(item).status, item.loc[0]) for item in batch] == [(422, 0), (422, 1)], batch
+    assert isinstance(valid, Unavailable) and valid.reason == "overloaded"
     assert service.queued == 0
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from predictor import cli
-from predictor.systemone_cli import build_parser, card_model_list, predictor_argv
+from predictor.systemone_cli import build_parser, predictor_argv
 from tests.predictor.conftest import REPO, Predictor
 
 # The card's curl example, sent as curl sends it: the JSON text with a JSON content type.
@@ -130,8 +130,12 @@ def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
         assert body["answers"]["team"]["choice"] in ("payments", "platform")
         assert set(body["answers"]["urgency"]["probabilities"]) == {"0", "1", "2"}
         assert 0 <= body["answers"]["outage"]["noul"] <= 1
-        assert client.get("/v1/models").json() == card_model_list("clef-flash")
-        assert client.get("/jev/v1/models").json()["models"][0]["name"] == "clef-flash"
+        listed = client.get("/v1/models").json()  # the card's OpenAI-style list, beside the hosted API's
+        assert listed["object"] == "list" and (listed["data"][0]["id"], listed["data"][0]["object"]) == (
+            "clef-flash",
+            "model",
+        )
+        assert listed == client.get("/jev/v1/models").json() and listed["models"][0]["name"] == "clef-flash"
         assert client.get("/health").status_code == 200
         refused = client.post("/v1/systemone", json={**json.loads(CARD_CURL_BODY), "model": "other"})
         assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
