@@ -2,8 +2,9 @@
 :mod:`predictor.serving.prepare`, in a thread or in encode worker processes), score, answer.
 
 Failures are domain errors (:mod:`predictor.core.errors`); the HTTP layer maps them to statuses.
-Admission is bounded (``max_queued`` records at once, and no more than the measured service rate answers
-within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded`` with Retry-After);
+Admission is bounded: ``max_queued`` records at once (checked on arrival), and once a request is encoded, no more
+prompt tokens ahead of it than the measured service rate (:class:`~predictor.serving.admission.ServiceRate`, tokens
+per busy second) answers within ``max_wait_s``; beyond either, :class:`Unavailable` ``overloaded`` with Retry-After.
 identical prompts are scored once, and a body identical to one answered before is answered without being
 read again (:class:`~predictor.serving.answer_cache.AnswerCache`).
 """
@@ -99,14 +100,14 @@ class SystemOneService:
         self.preparer: Preparer = preparer if preparer is not None else InProcessPreparer(engine.tokenizer)
         self.cache = AnswerCache(answer_cache_bytes)
         self.queued = 0
+        self.queued_tokens = 0
         self._on_engine_failure = on_engine_failure
         metrics.QUEUE_DEPTH.set_function(lambda: self.queued)
 
     @contextmanager
     def admitted(self, records: int) -> Iterator[None]:
-        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`: when the queue would
-        hold more than ``max_queued`` records, or when the records already admitted would take more than
-        ``max_wait_s`` to answer at the measured service rate (an idle server always admits).
+        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable` when the queue would
+        hold more than ``max_queued`` records (the wait is bounded once the prompts are known: :meth:`holding`).
 
         A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
         queue is empty.
@@ -124,17 +125,6 @@ class SystemOneService:
                 "overloaded",
                 OVERLOADED_RETRY_AFTER_S,
             )
-        # A batch engine runs admitted records together, but a batch takes longer the more it holds: the rate
-        # measured over whole batches says how long the records ahead of this one hold the engine.
-        expected_wait = self.rate.expected_wait_s(self.queued) if self.queued else None
-        if expected_wait is not None and expected_wait > self.max_wait_s:
-            metrics.REJECTED.labels(reason="overloaded").inc()
-            raise Unavailable(
-                f"the server is at capacity: the {self.queued} records queued would take about {expected_wait:.1f} s "
-                f"to answer, more than --max-queue-wait-s {self.max_wait_s:g}; retry shortly",
-                "overloaded",
-                retry_after_s(expected_wait, self.max_wait_s),
-            )
         self.queued += records
         self.rate.enter(records)
         try:
@@ -142,6 +132,32 @@ class SystemOneService:
         finally:
             self.queued -= records
             self.rate.leave(records)
+
+    @contextmanager
+    def holding(self, prepared: Sequence[Prepared | ServiceError]) -> Iterator[None]:
+        """Hold the prompt tokens of ``prepared`` (encoded, admitted records) ahead of later requests until they
+        are answered, or raise :class:`Unavailable` when the tokens already held would take more than
+        ``max_wait_s`` to answer at the measured rate (none held: it is held whatever the rate).
+
+        Tokens, not records: a batch engine runs admitted records together, but a batch takes longer the more
+        tokens it holds, so the tokens ahead of a request at the measured tokens per busy second say how long it
+        waits, whatever the mix of prompt lengths.
+        """
+        tokens = sum(len(item[1].input_ids) for item in prepared if not isinstance(item, ServiceError))
+        expected_wait = self.rate.expected_wait_s(self.queued_tokens) if self.queued_tokens else None
+        if expected_wait is not None and expected_wait > self.max_wait_s:
+            metrics.REJECTED.labels(reason="overloaded").inc()
+            raise Unavailable(
+                f"the server is at capacity: the {self.queued_tokens} prompt tokens queued would take about "
+                f"{expected_wait:.1f} s to answer, more than --max-queue-wait-s {self.max_wait_s:g}; retry shortly",
+                "overloaded",
+                retry_after_s(expected_wait, self.max_wait_s),
+            )
+        self.queued_tokens += tokens
+        try:
+            yield
+        finally:
+            self.queued_tokens -= tokens
 
     @property
     def settings(self) -> PrepareSettings:
@@ -185,9 +201,9 @@ class SystemOneService:
     async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
         """The response body of one validated, encoded request (identical prompts scored once)."""
         logits = await self.cache.score(cache_key(encoded), lambda: self._engine_score(encoded))
-        self.rate.answered()
         answered = time.perf_counter()
         tokens = len(encoded.input_ids)
+        self.rate.answered(tokens)
         count_record(tokens)
         response = build_response(request, encoded.layout, logits, tokens)  # echoes the name asked for (an alias)
         response["usage"]["state_truncated"] = encoded.state_truncated
@@ -205,10 +221,10 @@ class SystemOneService:
             kept = self.cache.response(key)
             if kept is not None:
                 count_record(kept["usage"]["input_tokens"])
-                self.rate.answered()
                 return kept
             request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
-            response = await self.score(request, encoded)
+            with self.holding([(request, encoded)]):
+                response = await self.score(request, encoded)
             self.cache.keep_response(key, response)
             return response
 
@@ -216,7 +232,8 @@ class SystemOneService:
         """Responses for several parsed bodies; all are validated and encoded before any is scored."""
         with self.admitted(len(bodies)):
             prepared = await self._prepare(prepare.prepare_all, list(bodies), list(prefixes))
-            return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
+            with self.holding(prepared):
+                return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
 
     async def answer_batch_json(
         self, raw: bytes, content_type: str, max_items: int
@@ -228,7 +245,7 @@ class SystemOneService:
         """
         with self.admitted(1):
             items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items)
-        with self.admitted(len(items)):
+        with self.admitted(len(items)), self.holding(items):
 
             async def answer(item: Prepared | ServiceError) -> dict[str, Any] | ServiceError:
                 if isinstance(item, ServiceError):
