@@ -1,6 +1,7 @@
 """The measured service rate admission sheds by: prompt tokens the engine answers per second of busy time.
 
-A record is busy from its admission to its answer; the server is busy while any record is. Over the last
+A record is busy from its encoding to its answer (``SystemOneService.holding``); the server is busy while any
+record is. Over the last
 ``window_s`` busy seconds, the rate is the prompt tokens answered divided by the busy seconds: idle time does not
 dilute it, and a burst of answers from one batch is averaged with the wait that came before it. Tokens, not
 records: a 16,384-token prompt holds the engine about as long as 160 prompts of 100 tokens, so the wait ahead of a

@@ -126,12 +126,10 @@ class SystemOneService:
                 OVERLOADED_RETRY_AFTER_S,
             )
         self.queued += records
-        self.rate.enter(records)
         try:
             yield
         finally:
             self.queued -= records
-            self.rate.leave(records)
 
     @contextmanager
     def holding(self, prepared: Sequence[Prepared | ServiceError]) -> Iterator[None]:
@@ -141,7 +139,9 @@ class SystemOneService:
 
         Tokens, not records: a batch engine runs admitted records together, but a batch takes longer the more
         tokens it holds, so the tokens ahead of a request at the measured tokens per busy second say how long it
-        waits, whatever the mix of prompt lengths.
+        waits, whatever the mix of prompt lengths. The rate's busy time is the time records are held here, from
+        encoded to answered: a body refused while it is read, validated or encoded never held the engine, and
+        counting its time would lower the rate (a fuzzing client's bodies left it too low to admit a load).
         """
         tokens = sum(len(item[1].input_ids) for item in prepared if not isinstance(item, ServiceError))
         expected_wait = self.rate.expected_wait_s(self.queued_tokens) if self.queued_tokens else None
@@ -153,11 +153,14 @@ class SystemOneService:
                 "overloaded",
                 retry_after_s(expected_wait, self.max_wait_s),
             )
+        records = len(prepared)
         self.queued_tokens += tokens
+        self.rate.enter(records)
         try:
             yield
         finally:
             self.queued_tokens -= tokens
+            self.rate.leave(records)
 
     @property
     def settings(self) -> PrepareSettings:

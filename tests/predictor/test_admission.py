@@ -22,7 +22,8 @@ from predictor.serving.body_limits import (
     check_texts_json_counts,
     json_counts,
 )
-from tests.predictor.conftest import simple_request
+from predictor.serving.encode_pool import InProcessPreparer
+from tests.predictor.conftest import MODEL_NAME, simple_request
 from tests.predictor.test_serving import FakeEngine, serving, tokenizer  # noqa: F401 (the fixture)
 
 
@@ -300,3 +301,40 @@ def test_the_body_middleware_refuses_inflated_bodies_naming_the_limit() -> None:
     under = _json(simple_request(state=[0] * (MAX_JSON_VALUES - 100)))
     response = client.post("/v1/systemone", content=_zstd(under), headers={"content-encoding": "zstd"})
     assert response.status_code == 200 and response.json() == {"bytes": len(under)}
+
+
+class SlowPreparer(InProcessPreparer):
+    """Prepares in the serving thread, taking ``seconds`` of the virtual clock for each body."""
+
+    def __init__(self, release_tokenizer: Any, clock: Clock, seconds: float) -> None:
+        super().__init__(release_tokenizer)
+        self.clock = clock
+        self.seconds = seconds
+
+    async def run(self, job: Any, *args: Any) -> Any:
+        self.clock.now += self.seconds
+        return job(self.tokenizer, *args)
+
+
+def test_refused_bodies_do_not_slow_the_measured_rate(tokenizer: Any) -> None:  # noqa: F811
+    """A fuzzing client's bodies, refused before they reach the engine, hold no engine time: after a minute of them
+    the rate is still the engine's, and a load that follows is admitted as on a fresh server."""
+    service, engine, clock = measured_service(tokenizer, max_wait_s=10.0)
+    measured = service.rate.per_second()
+    assert measured == pytest.approx(TOKENS_PER_S)
+    service.preparer = SlowPreparer(tokenizer, clock, seconds=1.0)
+
+    async def fuzz_then_load() -> tuple[float | None, list[Any]]:
+        for index in range(60):  # a minute of bodies that fail validation
+            refused = await asyncio.gather(
+                service.answer({"model": MODEL_NAME, "state": index}), return_exceptions=True
+            )
+            assert isinstance(refused[0], BadInput), refused
+        await service.answer(mixed_body(-100, long=False))  # alone: admitted whatever the rate, and measured
+        after_fuzz = service.rate.per_second()
+        service.preparer = InProcessPreparer(tokenizer)
+        return after_fuzz, await arrive_while_held(service, engine, [mixed_body(i, long=False) for i in range(20)])
+
+    after_fuzz, load = asyncio.run(fuzz_then_load())
+    assert after_fuzz == pytest.approx(measured)
+    assert all(isinstance(item, dict) for item in load)  # 19 x 295 tokens ahead: under 6 s at 1,000 tokens/s
