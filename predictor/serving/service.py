@@ -107,7 +107,8 @@ class SystemOneService:
     @contextmanager
     def admitted(self, records: int) -> Iterator[None]:
         """Hold ``records`` places in the admission queue, or raise :class:`Unavailable` when the queue would
-        hold more than ``max_queued`` records (the wait is bounded once the prompts are known: :meth:`holding`).
+        hold more than ``max_queued`` records, or when the prompt tokens already held would take too long
+        (:meth:`shed_if_slow`: checked on arrival, before the body is read, then again once it is encoded).
 
         A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
         queue is empty.
@@ -125,25 +126,21 @@ class SystemOneService:
                 "overloaded",
                 OVERLOADED_RETRY_AFTER_S,
             )
+        self.shed_if_slow()
         self.queued += records
         try:
             yield
         finally:
             self.queued -= records
 
-    @contextmanager
-    def holding(self, prepared: Sequence[Prepared | ServiceError]) -> Iterator[None]:
-        """Hold the prompt tokens of ``prepared`` (encoded, admitted records) ahead of later requests until they
-        are answered, or raise :class:`Unavailable` when the tokens already held would take more than
-        ``max_wait_s`` to answer at the measured rate (none held: it is held whatever the rate).
+    def shed_if_slow(self) -> None:
+        """Raise :class:`Unavailable` when the prompt tokens held (:meth:`holding`) would take more than
+        ``max_wait_s`` to answer at the measured rate (none held: never).
 
         Tokens, not records: a batch engine runs admitted records together, but a batch takes longer the more
         tokens it holds, so the tokens ahead of a request at the measured tokens per busy second say how long it
-        waits, whatever the mix of prompt lengths. The rate's busy time is the time records are held here, from
-        encoded to answered: a body refused while it is read, validated or encoded never held the engine, and
-        counting its time would lower the rate (a fuzzing client's bodies left it too low to admit a load).
+        waits, whatever the mix of prompt lengths.
         """
-        tokens = sum(len(item[1].input_ids) for item in prepared if not isinstance(item, ServiceError))
         expected_wait = self.rate.expected_wait_s(self.queued_tokens) if self.queued_tokens else None
         if expected_wait is not None and expected_wait > self.max_wait_s:
             metrics.REJECTED.labels(reason="overloaded").inc()
@@ -153,6 +150,19 @@ class SystemOneService:
                 "overloaded",
                 retry_after_s(expected_wait, self.max_wait_s),
             )
+
+    @contextmanager
+    def holding(self, prepared: Sequence[Prepared | ServiceError]) -> Iterator[None]:
+        """Hold the prompt tokens of ``prepared`` (encoded, admitted records) ahead of later requests until they
+        are answered, or raise :class:`Unavailable` (:meth:`shed_if_slow`: the tokens held since this request
+        arrived, by requests encoded beside it, count too).
+
+        The rate's busy time is the time records are held here, from encoded to answered: a body refused while it
+        is read, validated or encoded never held the engine, and counting its time would lower the rate (a
+        fuzzing client's bodies left it too low to admit a load).
+        """
+        self.shed_if_slow()
+        tokens = sum(len(item[1].input_ids) for item in prepared if not isinstance(item, ServiceError))
         records = len(prepared)
         self.queued_tokens += tokens
         self.rate.enter(records)

@@ -338,3 +338,39 @@ def test_refused_bodies_do_not_slow_the_measured_rate(tokenizer: Any) -> None:  
     after_fuzz, load = asyncio.run(fuzz_then_load())
     assert after_fuzz == pytest.approx(measured)
     assert all(isinstance(item, dict) for item in load)  # 19 x 295 tokens ahead: under 6 s at 1,000 tokens/s
+
+
+class CountingPreparer(InProcessPreparer):
+    """Prepares in the serving thread and counts the bodies it was given."""
+
+    def __init__(self, release_tokenizer: Any) -> None:
+        super().__init__(release_tokenizer)
+        self.jobs = 0
+
+    async def run(self, job: Any, *args: Any) -> Any:
+        self.jobs += 1
+        return job(self.tokenizer, *args)
+
+
+def test_a_request_shed_by_expected_wait_on_arrival_is_not_read(tokenizer: Any) -> None:  # noqa: F811
+    """Past the bound, a request is refused before its body is read and encoded: a client retrying at once
+    costs the server little."""
+    service, engine, _ = measured_service(tokenizer, max_wait_s=10.0)
+    preparer = CountingPreparer(tokenizer)
+    service.preparer = preparer
+
+    async def scenario() -> list[Any]:
+        engine.gate.clear()
+        calls = engine.calls
+        held = [asyncio.create_task(service.answer(mixed_body(index, long=True))) for index in range(3)]
+        while engine.calls < calls + 3:  # 12,288 tokens held: 12.3 s at 1,000 tokens/s
+            await asyncio.sleep(0.001)
+        jobs = preparer.jobs
+        refused = await asyncio.gather(service.answer_json(b"{}", "application/json"), return_exceptions=True)
+        assert preparer.jobs == jobs, "the refused body was read"
+        engine.gate.set()
+        return [*refused, *(await asyncio.gather(*held))]
+
+    refused, *answered = asyncio.run(scenario())
+    assert isinstance(refused, Unavailable) and refused.reason == "overloaded"
+    assert all(isinstance(item, dict) for item in answered)
