@@ -106,8 +106,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--max-queue-wait-s",
         type=float,
         default=DEFAULT_MAX_QUEUE_WAIT_S,
-        help="a request is refused with 429 + Retry-After when the records already admitted would take longer "
-        "than this to answer at the measured service rate (records answered per busy second)",
+        help="a request is refused with 429 + Retry-After when the prompt tokens already admitted would take longer "
+        "than this to answer at the measured service rate (prompt tokens answered per busy second)",
     )
     group.add_argument(
         "--answer-cache-bytes",

@@ -34,7 +34,14 @@ from predictor.serving.lifecycle import EngineWatchdog, Lifecycle, Phase
 from predictor.serving.options import DEFAULT_OPTIONS, ServingOptions, build_service
 from predictor.serving.prepare import decode_json_body
 from predictor.serving.service import ModelCard, SystemOneService
-from predictor.serving.warmup import WarmupDoesNotFit, WarmupSchema, run_warmup, warmup_plan, warmup_schema
+from predictor.serving.warmup import (
+    WarmupDoesNotFit,
+    WarmupResult,
+    WarmupSchema,
+    run_warmup,
+    warmup_plan,
+    warmup_schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ class ClefModel(Model):
         self.service: SystemOneService | None = None
         self.watchdog: EngineWatchdog | None = None
         self.warmup: WarmupSchema | None = None
-        self._warming_up: asyncio.Future[float] | None = None
+        self._warming_up: asyncio.Future[WarmupResult] | None = None
 
     @property
     def ready(self) -> bool:
@@ -146,15 +153,21 @@ class ClefModel(Model):
             except BaseException:
                 self._warming_up.cancel()
                 raise
-            seconds = await self._warming_up
+            warmed = await self._warming_up
         except (asyncio.CancelledError, EngineDead):
             if self.lifecycle.phase not in (Phase.DRAINING, Phase.STOPPED):
                 raise
             log.info("warm-up stopped: the server is shutting down before the model was ready")
             return
-        metrics.WARMUP_SECONDS.set(seconds)
+        metrics.WARMUP_SECONDS.set(warmed.seconds)
+        self.service.rate.start_per_second = warmed.tokens_per_s
         self.lifecycle.enter(Phase.OK)
-        log.info("warm-up finished in %.1fs: model %r is ready", seconds, self.name)
+        log.info(
+            "warm-up finished in %.1fs: model %r is ready (admission's start rate: %.0f prompt tokens/s)",
+            warmed.seconds,
+            self.name,
+            warmed.tokens_per_s,
+        )
         await self.watchdog.run()
 
     async def healthy(self) -> bool:

@@ -291,6 +291,7 @@ def build_server(config: ApiConfig, keys: ApiKeys) -> ClefModelServer:
     return ClefModelServer(
         config.limits,
         grpc_settings(config, keys),
+        enable_model_repository=config.enable_model_repository,
         http_port=server.http_port,
         grpc_port=server.grpc_port,
         workers=1,

@@ -13,7 +13,10 @@ time.
   configured by :class:`predictor.http.server_limits.ClefModelServer`) and ``ModelServer._grpc_server`` (the gRPC
   server its ``stop`` stops); ``GRPCServer``'s ``_port``, ``_data_plane``, ``_model_repository_extension`` and
   ``_server`` (read and set for :class:`~predictor.http.server_limits.ClefGRPCServer`);
-  ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server_limits.ServingSwitch`); and
+  ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server_limits.ServingSwitch`);
+  ``DataPlane.metadata`` listing :data:`KSERVE_REPOSITORY_EXTENSION` whether or not the repository routes are
+  open, and answering both server-metadata calls (HTTP ``GET /v2``, gRPC ``ServerMetadata``) from
+  ``ModelServer.dataplane`` (:class:`~predictor.http.server_limits.ClefDataPlane`); and
   ``BaseKServeModel.__init__`` (a base of ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of
   :class:`predictor.model.ClefModel`); ``RESTServer._register_endpoints`` taking an ImportError of its OpenAI
   endpoints' module as "none to register" (:func:`skip_kserve_openai_endpoints`);
@@ -43,6 +46,8 @@ H11_PROTOCOL_ATTRIBUTES = ("app", "conn", "cycle", "connections", "tasks", "tran
 GRPC_SERVER_ATTRIBUTES = ("_port", "_data_plane", "_model_repository_extension", "_server")
 MODEL_SERVER_ATTRIBUTES = ("_rest_server", "_grpc_server")
 MODEL_ATTRIBUTES_KSERVE_ASSIGNS = ("ready", "engine")
+KSERVE_REPOSITORY_EXTENSION = "model_repository_extension"
+"""The protocol extension KServe's ``DataPlane.metadata`` lists for the model-repository API (always)."""
 KSERVE_OPENAI_ENDPOINTS_MODULE = "kserve.protocol.rest.openai.config"
 """The module KServe's REST server imports at every start to register OpenAI endpoints for its own ``OpenAIModel``
 subclasses (Clef's model is not one); its types import vLLM's OpenAI server protocol, vLLM included."""

@@ -52,6 +52,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from predictor.core.errors import ServiceError, Unavailable
 from predictor.http.auth import OPEN_METHODS, OPEN_PATHS, ApiKeys
 from predictor.http.compat import (
+    KSERVE_REPOSITORY_EXTENSION,
     attach_aio_server,
     grpc_server_parts,
     model_registry,
@@ -305,14 +306,34 @@ class ServingSwitch(ModelRepositoryExtension):
             raise ModelNotReady(model_name, f"model {model_name!r} is {lifecycle.phase.value}, not serving")
 
 
-class ClefModelServer(kserve.ModelServer):
-    """KServe's ModelServer with :class:`HttpLimits` applied to its uvicorn server before it starts, and
-    :class:`ClefGRPCServer` instead of KServe's gRPC server when ``grpc`` is given."""
+class ClefDataPlane(DataPlane):
+    """KServe's data plane whose server metadata (HTTP ``GET /v2`` and gRPC ``ServerMetadata``) lists the
+    model-repository extension only when its routes and methods are open (``--enable-model-repository``): KServe's
+    lists it always, while they answer 404 / ``UNIMPLEMENTED`` unless enabled."""
 
-    def __init__(self, limits: HttpLimits, grpc: GrpcSettings | None = None, **kwargs: Any) -> None:
+    def __init__(self, model_registry: Any, enable_model_repository: bool) -> None:
+        super().__init__(model_registry)
+        self.enable_model_repository = enable_model_repository
+
+    def metadata(self) -> dict[str, Any]:
+        """KServe's server metadata, less the extensions this server does not serve."""
+        metadata = dict(super().metadata())
+        if not self.enable_model_repository:
+            metadata["extensions"] = [name for name in metadata["extensions"] if name != KSERVE_REPOSITORY_EXTENSION]
+        return metadata
+
+
+class ClefModelServer(kserve.ModelServer):
+    """KServe's ModelServer with :class:`HttpLimits` applied to its uvicorn server before it starts,
+    :class:`ClefGRPCServer` instead of KServe's gRPC server when ``grpc`` is given, and :class:`ClefDataPlane`."""
+
+    def __init__(
+        self, limits: HttpLimits, grpc: GrpcSettings | None = None, enable_model_repository: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(enable_grpc=False, **kwargs)
         self.limits = limits
         self.grpc = grpc
+        self.dataplane = ClefDataPlane(self.registered_models, enable_model_repository)
         self.model_repository_extension = ServingSwitch(model_registry=self.registered_models)
 
     def start(self, models: list[BaseKServeModel]) -> None:

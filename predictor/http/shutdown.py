@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -18,6 +18,13 @@ from predictor.http.errors import from_service_error
 from predictor.serving.lifecycle import RETRY_AFTER_S, Lifecycle, Phase
 
 log = logging.getLogger(__name__)
+
+CONNECTION_CLOSE = (b"connection", b"close")
+
+
+def closing(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``Connection: close`` (instead of any ``Connection`` header they had)."""
+    return [*((name, value) for name, value in headers if name.lower() != b"connection"), CONNECTION_CLOSE]
 
 
 class GracefulShutdown:
@@ -31,6 +38,10 @@ class GracefulShutdown:
     ``drain_hooks`` start (the gRPC server's own drain). A request still unanswered ``drain_s`` seconds
     later is cancelled here and answered 503 with ``Retry-After`` (uvicorn's own graceful timeout, which
     would cancel it into a 500, is set later than this: :func:`predictor.http.server_limits` does it).
+
+    Every answer that starts after SIGTERM carries ``Connection: close``, and the server closes the connection
+    once it is sent (h11 does for that header): a keep-alive client opens its next connection, to another
+    replica, instead of sending it on one the server is about to drop (a reset, not an answer).
     """
 
     def __init__(self, app: Callable[..., Any], lifecycle: Lifecycle, delay_s: float, drain_s: float = 20.0) -> None:
@@ -42,6 +53,7 @@ class GracefulShutdown:
         self._previous: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: dict[asyncio.Task[Any], _Exchange] = {}
+        self.shutting_down = False
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         """ASGI entry point: watch the lifespan startup, track HTTP requests until answered."""
@@ -65,9 +77,11 @@ class GracefulShutdown:
         assert task is not None
         exchange = _Exchange()
 
-        async def watched_send(message: dict[str, Any]) -> None:
+        async def watched_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 exchange.started = True
+                if self.shutting_down:
+                    message = {**message, "headers": closing(message.get("headers", ()))}
             await send(message)
 
         self._in_flight[task] = exchange
@@ -80,7 +94,7 @@ class GracefulShutdown:
             error = Unavailable(
                 "the server is shutting down; retry on another replica", "draining", RETRY_AFTER_S["draining"]
             )
-            await from_service_error(error).response()(scope, receive, send)
+            await from_service_error(error).response()(scope, receive, watched_send)
         finally:
             del self._in_flight[task]
 
@@ -93,6 +107,7 @@ class GracefulShutdown:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.lifecycle.phase is Phase.DRAINING:
             return
+        self.shutting_down = True
         self.lifecycle.enter(Phase.DRAINING)
         log.info(
             "SIGTERM: not ready; new requests get 503 for %.1fs, then %.1fs to finish requests in flight",

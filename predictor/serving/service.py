@@ -3,9 +3,9 @@
 
 Failures are domain errors (:mod:`predictor.core.errors`); the HTTP layer maps them to statuses.
 A body is read and validated before it is admitted: a bad one gets its error naming the field however busy the
-server is, and only valid work is shed. Admission is bounded (``max_queued`` records at once, and no more than
-the measured service rate answers within ``max_wait_s``: beyond either, :class:`Unavailable` ``overloaded``
-with Retry-After);
+server is, and only valid work is shed. Admission is bounded: ``max_queued`` records at once, and no more prompt
+tokens ahead of a request than the measured service rate (:class:`~predictor.serving.admission.ServiceRate`, tokens
+per busy second) answers within ``max_wait_s``; beyond either, :class:`Unavailable` ``overloaded`` with Retry-After;
 identical prompts are scored once, and a body identical to one answered before is answered without being
 read again (:class:`~predictor.serving.answer_cache.AnswerCache`).
 """
@@ -101,14 +101,14 @@ class SystemOneService:
         self.preparer: Preparer = preparer if preparer is not None else InProcessPreparer(engine.tokenizer)
         self.cache = AnswerCache(answer_cache_bytes)
         self.queued = 0
+        self.queued_tokens = 0
         self._on_engine_failure = on_engine_failure
         metrics.QUEUE_DEPTH.set_function(lambda: self.queued)
 
     @contextmanager
     def admitted(self, records: int) -> Iterator[None]:
-        """Hold ``records`` places in the admission queue, or raise :class:`Unavailable`: when the queue would
-        hold more than ``max_queued`` records, or when the records already admitted would take more than
-        ``max_wait_s`` to answer at the measured service rate (an idle server always admits).
+        """Hold ``records`` places in the admission queue (validated records: a body is prepared first), or raise
+        :class:`Unavailable` when the queue would hold more than ``max_queued`` records.
 
         A request larger than the whole queue (at most ``--max-batch-items`` records) is admitted when the
         queue is empty.
@@ -122,23 +122,49 @@ class SystemOneService:
                 "overloaded",
                 OVERLOADED_RETRY_AFTER_S,
             )
-        # A batch engine runs admitted records together, but a batch takes longer the more it holds: the rate
-        # measured over whole batches says how long the records ahead of this one hold the engine.
-        expected_wait = self.rate.expected_wait_s(self.queued) if self.queued else None
-        if expected_wait is not None and expected_wait > self.max_wait_s:
-            metrics.REJECTED.labels(reason="overloaded").inc()
-            raise Unavailable(
-                f"the server is at capacity: the {self.queued} records queued would take about {expected_wait:.1f} s "
-                f"to answer, more than --max-queue-wait-s {self.max_wait_s:g}; retry shortly",
-                "overloaded",
-                retry_after_s(expected_wait, self.max_wait_s),
-            )
         self.queued += records
-        self.rate.enter(records)
         try:
             yield
         finally:
             self.queued -= records
+
+    def shed_if_slow(self) -> None:
+        """Raise :class:`Unavailable` when the prompt tokens held (:meth:`holding`) would take more than
+        ``max_wait_s`` to answer at the measured rate (none held: never).
+
+        Tokens, not records: a batch engine runs admitted records together, but a batch takes longer the more
+        tokens it holds, so the tokens ahead of a request at the measured tokens per busy second say how long it
+        waits, whatever the mix of prompt lengths.
+        """
+        expected_wait = self.rate.expected_wait_s(self.queued_tokens) if self.queued_tokens else None
+        if expected_wait is not None and expected_wait > self.max_wait_s:
+            metrics.REJECTED.labels(reason="overloaded").inc()
+            raise Unavailable(
+                f"the server is at capacity: the {self.queued_tokens} prompt tokens queued would take about "
+                f"{expected_wait:.1f} s to answer, more than --max-queue-wait-s {self.max_wait_s:g}; retry shortly",
+                "overloaded",
+                retry_after_s(expected_wait, self.max_wait_s),
+            )
+
+    @contextmanager
+    def holding(self, prepared: Sequence[Prepared | ServiceError]) -> Iterator[None]:
+        """Hold the prompt tokens of ``prepared`` (encoded, admitted records) ahead of later requests until they
+        are answered, or raise :class:`Unavailable` (:meth:`shed_if_slow`: the tokens held since this request
+        arrived, by requests encoded beside it, count too).
+
+        The rate's busy time is the time records are held here, from encoded to answered: a body refused while it
+        is read, validated or encoded never held the engine, and counting its time would lower the rate (a
+        fuzzing client's bodies left it too low to admit a load).
+        """
+        self.shed_if_slow()
+        tokens = sum(len(item[1].input_ids) for item in prepared if not isinstance(item, ServiceError))
+        records = len(prepared)
+        self.queued_tokens += tokens
+        self.rate.enter(records)
+        try:
+            yield
+        finally:
+            self.queued_tokens -= tokens
             self.rate.leave(records)
 
     def check_serving(self) -> None:
@@ -191,9 +217,9 @@ class SystemOneService:
     async def score(self, request: SystemOneRequest, encoded: EncodedRequest) -> dict[str, Any]:
         """The response body of one validated, encoded request (identical prompts scored once)."""
         logits = await self.cache.score(cache_key(encoded), lambda: self._engine_score(encoded))
-        self.rate.answered()
         answered = time.perf_counter()
         tokens = len(encoded.input_ids)
+        self.rate.answered(tokens)
         count_record(tokens)
         response = build_response(request, encoded.layout, logits, tokens)
         response["model"] = self.card.name  # the model that answered, whichever alias was asked for
@@ -214,10 +240,9 @@ class SystemOneService:
         if kept is not None:
             with self.admitted(1):
                 count_record(kept["usage"]["input_tokens"])
-                self.rate.answered()
                 return kept
         request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
-        with self.admitted(1):
+        with self.admitted(1), self.holding([(request, encoded)]):
             response = await self.score(request, encoded)
         self.cache.keep_response(key, response)
         return response
@@ -226,7 +251,7 @@ class SystemOneService:
         """Responses for several parsed bodies; all are validated and encoded, then admitted, before any is scored."""
         self.check_serving()
         prepared = await self._prepare(prepare.prepare_all, list(bodies), list(prefixes))
-        with self.admitted(len(bodies)):
+        with self.admitted(len(bodies)), self.holding(prepared):
             return list(await asyncio.gather(*(self.score(r, e) for r, e in prepared)))
 
     async def answer_batch_json(
@@ -243,7 +268,7 @@ class SystemOneService:
         valid = sum(not isinstance(item, ServiceError) for item in items)
         if not valid:
             return [item for item in items if isinstance(item, ServiceError)]
-        with self.admitted(valid):
+        with self.admitted(valid), self.holding(items):
 
             async def answer(item: Prepared | ServiceError) -> dict[str, Any] | ServiceError:
                 if isinstance(item, ServiceError):

@@ -116,9 +116,20 @@ def warmup_prompt(tokenizer: Any, schema: WarmupSchema, tokens: int) -> EncodedR
     return encode_request(tokenizer, request, max_length=tokens)
 
 
-async def run_warmup(engine: Engine, schema: WarmupSchema, plan: list[WarmupStep], rounds: int = 1) -> float:
-    """Run ``plan`` with ``schema``'s questions ``rounds`` times; return the seconds it took."""
+@dataclass(frozen=True)
+class WarmupResult:
+    """How long the warm-up took, and the most prompt tokens per second one of its last round's steps ran at: the
+    admission's start value for the engine's rate (:class:`predictor.serving.admission.ServiceRate`), until
+    requests measure it."""
+
+    seconds: float
+    tokens_per_s: float
+
+
+async def run_warmup(engine: Engine, schema: WarmupSchema, plan: list[WarmupStep], rounds: int = 1) -> WarmupResult:
+    """Run ``plan`` with ``schema``'s questions ``rounds`` times."""
     started = time.perf_counter()
+    tokens_per_s = 0.0
     for round_index in range(rounds):
         for step in plan:
             prompt = warmup_prompt(engine.tokenizer, schema, step.tokens)
@@ -126,12 +137,15 @@ async def run_warmup(engine: Engine, schema: WarmupSchema, plan: list[WarmupStep
             logits = await asyncio.gather(*(engine.score(prompt) for _ in range(step.batch)))
             if any(value.shape != (prompt.layout.option_count,) for value in logits):
                 raise RuntimeError(f"warm-up: the engine returned logits of the wrong shape for {step}")
+            step_s = time.perf_counter() - step_started
+            if round_index == rounds - 1:
+                tokens_per_s = max(tokens_per_s, step.batch * len(prompt.input_ids) / max(step_s, 1e-9))
             log.info(
                 "warm-up %d/%d: batch %d x %d tokens in %.2fs",
                 round_index + 1,
                 rounds,
                 step.batch,
                 len(prompt.input_ids),
-                time.perf_counter() - step_started,
+                step_s,
             )
-    return time.perf_counter() - started
+    return WarmupResult(time.perf_counter() - started, tokens_per_s)

@@ -159,3 +159,15 @@ def test_kserve_without_its_openai_import_registers_the_same_routes() -> None:
     assert not any(path.startswith("/openai") for path in skipped["routes"])
     assert not skipped["vllm"]
     assert skipped["routes"] == _registered_routes()  # KServe's own path, in this worker
+
+
+def test_kserve_answers_both_server_metadata_calls_from_the_data_plane_listing_the_repository() -> None:
+    """ClefDataPlane filters what KServe's ``DataPlane.metadata`` lists; both calls must still answer from it."""
+    from kserve.protocol.grpc.servicer import InferenceServicer
+    from kserve.protocol.rest.v2_endpoints import V2Endpoints
+
+    assert compat.KSERVE_REPOSITORY_EXTENSION in DataPlane(ModelRepository()).metadata()["extensions"]
+    assert "self._data_plane.metadata()" in inspect.getsource(InferenceServicer.ServerMetadata)
+    assert "self.dataplane.metadata()" in inspect.getsource(V2Endpoints.metadata)
+    start = inspect.getsource(ModelServer.start)
+    assert start.count("self.dataplane,") == 3, "the REST and gRPC servers no longer take ModelServer.dataplane"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
@@ -129,6 +130,16 @@ def test_repository_methods_stay_closed_with_a_key(stub: GRPCInferenceServiceStu
         code, details = status_of(CALLS[method](stub), metadata=auth)
         assert code == grpc.StatusCode.UNIMPLEMENTED and "--enable-model-repository" in details
     assert stub.ModelReady(pb.ModelReadyRequest(name=MODEL_NAME), metadata=auth, timeout=60).ready
+
+
+def test_server_metadata_lists_no_extension_the_server_does_not_serve(
+    grpc_server: Predictor, stub: GRPCInferenceServiceStub
+) -> None:
+    """The repository methods are closed (``UNIMPLEMENTED``, above): neither server-metadata answer lists them."""
+    auth = (("authorization", f"Bearer {KEY}"),)
+    assert list(stub.ServerMetadata(pb.ServerMetadataRequest(), metadata=auth, timeout=60).extensions) == []
+    over_http = httpx.get(f"{grpc_server.url}/v2", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert over_http.status_code == 200 and over_http.json()["extensions"] == [], over_http.text
 
 
 def test_bad_requests_are_invalid_argument_naming_the_field(stub: GRPCInferenceServiceStub) -> None:

@@ -102,6 +102,11 @@ def test_probes_answer_past_the_connection_limit(server: Predictor) -> None:
     assert "Too many open files" not in server.log()
 
 
+def test_server_metadata_lists_the_repository_extension_when_it_is_enabled(server: Predictor) -> None:
+    metadata = httpx.get(f"{server.url}/v2", headers=AUTH, timeout=30).json()
+    assert metadata["extensions"] == ["model_repository_extension"], metadata
+
+
 def test_repository_load_after_unload_restores_the_model(server: Predictor) -> None:
     with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as client:
         assert client.post(f"/v2/repository/models/{MODEL_NAME}/unload").json() == {"name": MODEL_NAME, "unload": True}

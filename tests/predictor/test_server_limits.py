@@ -159,3 +159,13 @@ def test_access_interceptor_needs_a_key_for_every_method_and_closes_the_reposito
     )
     open_server = AccessInterceptor(ApiKeys(None, None), enable_model_repository=True)
     assert _outcome(open_server, "RepositoryModelUnload", ()) == "passed"
+
+
+def test_the_data_plane_lists_the_repository_extension_only_when_enabled() -> None:
+    from kserve.model_repository import ModelRepository
+
+    from predictor.http.server_limits import ClefDataPlane
+
+    assert ClefDataPlane(ModelRepository(), enable_model_repository=False).metadata()["extensions"] == []
+    opened = ClefDataPlane(ModelRepository(), enable_model_repository=True).metadata()
+    assert opened["extensions"] == ["model_repository_extension"] and opened["name"] == "kserve"

@@ -539,6 +539,7 @@ def test_drain_timeout_answers_unanswered_requests_503_and_lets_started_ones_fin
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
         shutdown = GracefulShutdown(app, Lifecycle(MODEL_NAME), delay_s=0, drain_s=0)
+        shutdown.shutting_down = True
         sent: dict[str, list[dict[str, Any]]] = {"/slow": [], "/streaming": []}
 
         async def call(path: str) -> None:
@@ -559,6 +560,7 @@ def test_drain_timeout_answers_unanswered_requests_503_and_lets_started_ones_fin
     slow, streaming, cut = asyncio.run(scenario())
     assert cut == 1
     assert slow[0]["status"] == 503 and (b"retry-after", b"1") in slow[0]["headers"]
+    assert (b"connection", b"close") in slow[0]["headers"]  # cut during the drain: the connection is closed too
     assert json.loads(slow[1]["body"])["error"]["type"] == "service_unavailable"
     assert streaming[0]["status"] == 200 and streaming[-1]["body"] == b"done"
 
