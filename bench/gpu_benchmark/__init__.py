@@ -25,7 +25,9 @@ leak or a left-over engine process cannot spoil the next):
   ``<case>-again3``, and so on).
   Throughput is the median of ``--repeats`` passes over all records (min, max and every pass beside it).
 - vllm-stock-{bf16,fp8}-{mode}: stock vLLM, no plugin loaded (``VLLM_PLUGINS`` empty): the release's own
-  architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound.
+  architecture, the same engine settings, vLLM's last-token ``embed`` pooler: the upper bound. In graphs mode
+  that includes the plugin's compilation config, its custom ops too (``clef_plugin.api.CUSTOM_OPS``); stock vLLM
+  with vLLM's own choice of ops is the variant ``--variant vdef='{"compilation_config":{"custom_ops":["none"]}}'``.
 - vision: vLLM + the plugin on the FP8 release with its vision tower loaded (``engine_kwargs(vision=True)``),
   the engine settings of ``vllm-fp8-graphs`` (eager on the CPU), ``max_model_len`` at least
   ``--vision-max-model-len`` (4,096: room for 4 images of 1024×768). Text-only throughput over all records

@@ -65,6 +65,7 @@ def test_engine_kwargs() -> None:
     assert kwargs["compilation_config"] == {
         "cudagraph_mode": "PIECEWISE",
         "cudagraph_capture_sizes": clef_plugin.api.prefill_capture_sizes(8192),
+        "custom_ops": ["+quant_fp8"],
     }
 
 
@@ -171,6 +172,19 @@ def test_prefill_capture_sizes() -> None:
     assert prefill_capture_sizes(8192) == [16, 32, 64, 128, 256, *range(384, 2049, 128)]
     assert prefill_capture_sizes(1000) == [16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1000]
     assert prefill_capture_sizes(100) == [16, 32, 64, 100]
+
+
+def test_custom_ops_are_vllms() -> None:
+    """The custom ops the plugin turns on are ops vLLM registers (a renamed op would be refused by vLLM's config, or
+    silently left off), and vLLM's compilation config takes them as given, its own default after them."""
+    from vllm.config import CompilationConfig
+    from vllm.model_executor import custom_op
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+
+    assert custom_op.op_registry["quant_fp8"] is QuantFP8
+    assert {name.lstrip("+") for name in clef_plugin.api.CUSTOM_OPS} <= custom_op.op_registry.keys()
+    config = CompilationConfig(**clef_plugin.api.graph_compilation_config([16, 32]))
+    assert config.custom_ops[: len(clef_plugin.api.CUSTOM_OPS)] == list(clef_plugin.api.CUSTOM_OPS)
 
 
 def test_engine_kwargs_compilation() -> None:
