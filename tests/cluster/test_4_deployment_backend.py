@@ -111,7 +111,9 @@ def edited_decision_labels_are_put_back(kube: Kube, operator: Operator, kinds: d
         kube.run("label", kind, name, f"--namespace={NS}", f"{DECISION_LABEL}=someone-else", "--overwrite")
     # These objects are not watched: a change to the pool's Deployment (a foreign annotation, not drift) brings
     # the next pass at once instead of at the periodic resync.
-    kube.run("annotate", "deployment", name, f"--namespace={NS}", f"example.com/touched={time.time_ns()}")
+    kube.run(
+        "annotate", "deployment", name, f"--namespace={NS}", f"example.com/touched={time.time_ns()}", "--overwrite"
+    )
     for kind in kinds:
         eventually(
             lambda kind=kind: kube.get(kind, name, NS)["metadata"]["labels"].get(DECISION_LABEL) == "clef-flash",
