@@ -436,15 +436,9 @@ async def _serve(
             run.warn_once(pool.key, entry, "KedaNotInstalled", f"node pool {pool.name}: {message}")
             return entry
         if current is None:
-            try:
-                current = await run.api.create(run.primary, desired)
-            except ConflictError:
-                holder = await run.api.get(run.primary, run.namespace, child_name)
-                if holder is None or not _claimable(holder, run.uid):
-                    return await _collision(run, decision, child_name, holder)
-                current = holder
-            else:
-                run.events.append(Event("Normal", f"{kind}Created", f"created {child_name} for node pool {pool.name}"))
+            current, holder = await _create_or_claim(run, run.primary, desired, pool.name)
+            if current is None:
+                return await _collision(run, decision, child_name, holder)
         if drifted(current, desired):
             patch = build_update_patch(current, desired, whole_spec=run.backend == KSERVE_BACKEND)
             current = await run.api.patch(run.primary, run.namespace, child_name, patch)
@@ -477,17 +471,17 @@ async def _apply_companions(run: _Pass, pool: str, child_name: str, companions: 
             if live is not None:
                 await run.api.delete(resource, run.namespace, child_name)
                 run.events.append(Event("Normal", f"{resource.kind}Deleted", f"deleted {child_name}: not wanted"))
-        elif live is None:
-            try:
-                await run.api.create(resource, desired)
-            except ConflictError:
-                raise ApiError(
-                    f"creating {resource.kind} {child_name}",
-                    409,
-                    "one of that name exists and is not this ClefDecision's",
-                ) from None
-            run.events.append(Event("Normal", f"{resource.kind}Created", f"created {child_name} for node pool {pool}"))
-        elif drifted(live, desired):
+            continue
+        if live is None:
+            live, holder = await _create_or_claim(run, resource, desired, pool)
+            if live is None:
+                whose = (
+                    "is this ClefDecision's, being deleted"
+                    if holder is not None and _owned_by(holder, run.uid)
+                    else "exists and is not this ClefDecision's"
+                )
+                raise ApiError(f"creating {resource.kind} {child_name}", 409, f"one of that name {whose}")
+        if drifted(live, desired):
             await run.api.patch(
                 resource, run.namespace, child_name, build_update_patch(live, desired, whole_spec=False)
             )
@@ -530,6 +524,26 @@ async def _remove_other_backends(run: _Pass) -> None:
             except ApiError as exc:
                 run.failed = True
                 run.events.append(Event("Warning", f"{resource.kind}Failed", str(exc)))
+
+
+async def _create_or_claim(
+    run: _Pass, resource: Resource, desired: Mapping[str, Any], pool: str
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """Create a pool's object (its predictor object or a companion); when the create is refused (409) because this
+    ClefDecision already controls an object of that name (its decision label was edited by hand, so the list by that
+    label missed it), that object, for the caller's drift check to repair in place: the patch puts the label back,
+    and the next pass lists it again. Returns (the created or claimed object, None), or (None, the holder) when the
+    name is held by another owner's object or by this ClefDecision's own on its way out (None: gone meanwhile)."""
+    name = desired["metadata"]["name"]
+    try:
+        created = await run.api.create(resource, desired)
+    except ConflictError:
+        holder = await run.api.get(resource, run.namespace, name)
+        if holder is not None and _claimable(holder, run.uid):
+            return holder, None
+        return None, holder
+    run.events.append(Event("Normal", f"{resource.kind}Created", f"created {name} for node pool {pool}"))
+    return created, None
 
 
 def _claimable(holder: Mapping[str, Any], uid: str) -> bool:

@@ -83,6 +83,53 @@ def owned(kube: Kube, kind: str) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in kube.get(kind, namespace=NS, selector=f"{DECISION_LABEL}=clef-flash")}
 
 
+# Seconds of watching after a repair in which a wrong write (a second object, a refused create per pass) would show.
+SETTLE = 15.0
+
+
+def create_refusals(kube: Kube, resource: str) -> float:
+    """POSTs of ``resource`` the API server answered 409 (its own request counter, all clients)."""
+    metrics = kube.run("get", "--raw", "/metrics").stdout
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("apiserver_request_total{")
+        and f'resource="{resource}"' in line
+        and 'verb="POST"' in line
+        and 'code="409"' in line
+    )
+
+
+def edited_decision_labels_are_put_back(kube: Kube, operator: Operator, kinds: dict[str, str]) -> None:
+    """The decision label of an autoscaled pool's ``kinds`` (kubectl's name: the API server's resource) edited by
+    hand is put back on the same objects, with at most one refused create each, and the pool keeps Serving."""
+    pool = sorted(FP8_POOLS - set(REPLICAS))[0]
+    name = f"clef-flash-{pool}"
+    uids = {kind: kube.get(kind, name, NS)["metadata"]["uid"] for kind in kinds}
+    refusals = {kind: create_refusals(kube, resource) for kind, resource in kinds.items()}
+    for kind in kinds:
+        kube.run("label", kind, name, f"--namespace={NS}", f"{DECISION_LABEL}=someone-else", "--overwrite")
+    # These objects are not watched: a change to the pool's Deployment (a foreign annotation, not drift) brings
+    # the next pass at once instead of at the periodic resync.
+    kube.run(
+        "annotate", "deployment", name, f"--namespace={NS}", f"example.com/touched={time.time_ns()}", "--overwrite"
+    )
+    for kind in kinds:
+        eventually(
+            lambda kind=kind: kube.get(kind, name, NS)["metadata"]["labels"].get(DECISION_LABEL) == "clef-flash",
+            f"the decision label of the {kind} {name} to be put back",
+            timeout=60,
+        )
+    time.sleep(SETTLE)
+    for kind, resource in kinds.items():
+        same_name = [o["metadata"]["uid"] for o in kube.get(kind, namespace=NS) if o["metadata"]["name"] == name]
+        assert same_name == [uids[kind]], f"the {kind} was replaced or duplicated"
+        # One refused create finds the object; after the repair the list by label finds it again.
+        assert create_refusals(kube, resource) - refusals[kind] <= 1, kind
+    assert pools_of(kube.get("clefdecision", "clef-flash", NS))[pool]["state"] == "Serving"
+    assert "Traceback" not in operator.log_text()
+
+
 def test_the_cluster_has_no_kserve(bare_kube: Kube) -> None:
     assert bare_kube.get("crd", ISVC_CRD) is None
     resources = bare_kube.run("api-resources", "--api-group=serving.kserve.io", "-o", "name").stdout
@@ -183,6 +230,13 @@ def test_autoscaling_adds_a_horizontal_pod_autoscaler(
     eventually(lambda: is_ready(bare_kube.get("clefdecision", "clef-flash", NS)), "the ClefDecision still Ready")
 
 
+def test_hand_edited_decision_labels_of_a_service_and_an_autoscaler_are_put_back(
+    bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
+) -> None:
+    kinds = {"service": "services", "horizontalpodautoscaler": "horizontalpodautoscalers"}
+    edited_decision_labels_are_put_back(bare_kube, bare_operator, kinds)
+
+
 def test_keda_autoscaling_fails_without_keda_then_replaces_the_autoscalers_with_scaled_objects(
     bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
 ) -> None:
@@ -231,6 +285,12 @@ def test_keda_autoscaling_fails_without_keda_then_replaces_the_autoscalers_with_
     assert {name: o["metadata"]["resourceVersion"] for name, o in owned(bare_kube, SCALED_OBJECTS).items()} == before
     eventually(lambda: is_ready(bare_kube.get("clefdecision", "clef-flash", NS)), "the ClefDecision still Ready")
     assert "Traceback" not in bare_operator.log_text()
+
+
+def test_a_hand_edited_decision_label_of_a_scaled_object_is_put_back(
+    bare_kube: Kube, bare_operator: Operator, served: dict[str, Any]
+) -> None:
+    edited_decision_labels_are_put_back(bare_kube, bare_operator, {SCALED_OBJECTS: "scaledobjects"})
 
 
 def test_deleting_the_decision_removes_everything(bare_kube: Kube, served: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ import kopf
 import pytest
 import pytest_asyncio
 
+from clef_operator.constants import DECISION_LABEL
 from tests.deploy.chart import CHART, load_yaml_objects, render_chart
 from tests.operator.emulator import ClusterEmulator, rbac_triples
 from tests.operator.harness import (
@@ -200,6 +201,9 @@ async def run_deployment_backend_scenario(cluster: Cluster) -> None:
         found = (await objects(kind)).get("dep-h100-pool")
         return found is not None and bool(found["metadata"].get("ownerReferences")) and check(found)
 
+    def labelled(obj: dict[str, Any]) -> bool:
+        return bool(obj["metadata"]["labels"].get(DECISION_LABEL) == "dep")
+
     async def gone(kind: str) -> bool:
         return "dep-h100-pool" not in await objects(kind)
 
@@ -237,20 +241,27 @@ async def run_deployment_backend_scenario(cluster: Cluster) -> None:
     for kind in paths:
         await eventually(lambda kind=kind: holds(kind))
     await cluster.merge(f"{paths['Service']}/dep-h100-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
+    # A hand-edited decision label hides a companion from the list by that label: its create is refused, and
+    # the holder read (`get`) and repaired.
+    for kind in ("Service", "HorizontalPodAutoscaler"):
+        await cluster.merge(f"{paths[kind]}/dep-h100-pool", {"metadata": {"labels": {DECISION_LABEL: "x"}}})
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"maxReplicas": 3}}})
     await eventually(lambda: holds("HorizontalPodAutoscaler", lambda obj: obj["spec"]["maxReplicas"] == 3))
     await eventually(lambda: holds("Service", lambda obj: obj["spec"]["ports"][0]["port"] == 80))
+    for kind in ("Service", "HorizontalPodAutoscaler"):
+        await eventually(lambda kind=kind: holds(kind, labelled))
     await cluster.install_keda()
     keda = {"serverAddress": "http://prometheus:9090", "target": "4"}
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": keda}}})
     await eventually(lambda: holds("ScaledObject"))
     await eventually(lambda: gone("HorizontalPodAutoscaler"))
+    await cluster.merge(f"{scaled_objects}/dep-h100-pool", {"metadata": {"labels": {DECISION_LABEL: "x"}}})
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": {"target": "8"}}}})
 
     def threshold(obj: dict[str, Any]) -> bool:
         return bool(obj["spec"]["triggers"][0]["metadata"]["threshold"] == "8")
 
-    await eventually(lambda: holds("ScaledObject", threshold))
+    await eventually(lambda: holds("ScaledObject", lambda obj: threshold(obj) and labelled(obj)))
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": None, "replicas": 2}})
     await eventually(lambda: holds("Deployment", lambda obj: obj["spec"].get("replicas") == 2))
     await eventually(lambda: gone("ScaledObject"))

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from clef_operator import handlers
 from clef_operator.builders import build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
@@ -317,6 +318,53 @@ async def test_hand_edit_of_ownership_metadata_is_put_back(cluster: Cluster, edi
     counts = writes(cluster)
     assert counts[("PATCH", "clef-h100-pool")] == 1 and counts[("POST", "clef-h100-pool")] <= 2, counts
     assert not [w for w in counts if w[0] == "DELETE" or w[1] != "clef-h100-pool"], counts
+
+
+# The deployment backend's objects that go with each pool's Deployment, by plural: their collection's path.
+COMPANION_PATHS = {
+    "services": "/api/v1/namespaces/{ns}/services",
+    "horizontalpodautoscalers": "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers",
+    "scaledobjects": "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects",
+}
+KEDA = {"serverAddress": "http://prometheus.monitoring:9090", "target": "2"}
+
+
+@pytest.mark.parametrize("plural", sorted(COMPANION_PATHS))
+async def test_hand_edited_decision_label_of_a_companion_is_put_back(
+    bare_cluster: Cluster, monkeypatch: pytest.MonkeyPatch, plural: str
+) -> None:
+    """A Service, HorizontalPodAutoscaler or ScaledObject whose decision label is edited by hand is missed by the list
+    by that label: the refused create (409) finds it controlled by this ClefDecision, and it is repaired in place
+    at the next pass, with no second object, no deletion and no refused create on every pass."""
+    monkeypatch.setattr(handlers, "RESYNC_SECONDS", 2.0)  # companions are not watched: the resync repairs them
+    cluster = bare_cluster
+    path = COMPANION_PATHS[plural].format(ns=NS)
+    autoscaling: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 2}
+    if plural == "scaledobjects":
+        await cluster.install_keda()
+        autoscaling["keda"] = KEDA
+    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
+    await cluster.create(DECISIONS.format(ns=NS), decision(backend="deployment", autoscaling=autoscaling))
+
+    async def companion() -> dict[str, Any] | None:
+        return next((i for i in await cluster.items(path) if i["metadata"]["name"] == "clef-h100-pool"), None)
+
+    async with running_operator():
+        before = (await eventually(companion))["metadata"]
+        await pool_state(cluster, "h100-pool", "Serving")
+        await cluster.merge(f"{path}/clef-h100-pool", {"metadata": {"labels": {"clef-serving.io/decision": "x"}}})
+
+        async def restored() -> bool:
+            meta = ((await companion()) or {}).get("metadata") or {}
+            return meta.get("labels") == before["labels"]
+
+        await eventually(restored)
+        await asyncio.sleep(3 * handlers.RESYNC_SECONDS)  # later passes find it by its label again
+        await pool_state(cluster, "h100-pool", "Serving")
+    assert [i["metadata"]["uid"] for i in await cluster.items(path)] == [before["uid"]]
+    counts = Counter(cluster.emulator.operator_writes(plural))
+    # The first create, one refused create that finds the edited object, one repair.
+    assert counts == {("POST", "clef-h100-pool"): 2, ("PATCH", "clef-h100-pool"): 1}, counts
 
 
 async def test_freed_name_is_taken_at_once(cluster: Cluster) -> None:

@@ -42,19 +42,20 @@
   resources: [inferenceservices]
   verbs: [get, list, watch, create, patch, delete]
 # The deployment backend: a Deployment per eligible pool (watched for readiness; `get` as above), its Service,
-# and its HorizontalPodAutoscaler when autoscaled, or its KEDA ScaledObject with autoscaling.keda.
+# and its HorizontalPodAutoscaler when autoscaled, or its KEDA ScaledObject with autoscaling.keda (`get` reads
+# the holder of a name whose create was refused: its own, with a hand-edited decision label, is repaired).
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 # Kubernetes Events for each decision.
 - apiGroups: [""]
   resources: [events]
