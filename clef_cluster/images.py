@@ -136,7 +136,9 @@ def dockerfile_runtime(dockerfile: Path) -> Runtime:
             *sources, destination = shlex.split(args)
             copies += [(source, destination) for source in sources]
         elif instruction == "ENV":
-            env.update(item.split("=", 1) for item in shlex.split(args))  # type: ignore[misc]
+            for item in shlex.split(args):
+                key, _, value = item.partition("=")
+                env[key] = value
         elif instruction in ("USER", "WORKDIR", "EXPOSE", "ENTRYPOINT", "CMD"):
             found[instruction] = args.strip()
     return Runtime(
