@@ -51,6 +51,8 @@ PYTHON_PLATFORM = "x86_64-manylinux_2_36"  # bookworm's glibc
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 # The distributions whose versions come from the working tree, not from the environment's pins.
 OWN_DISTRIBUTIONS = frozenset({"clef-serving", "clef-serving-operator"})
+# Written by the installer for a wheel installed from a path: the path, and the installer's cache time.
+INSTALL_RECORDS = ("direct_url.json", "uv_cache.json")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
@@ -134,7 +136,9 @@ def dockerfile_runtime(dockerfile: Path) -> Runtime:
             *sources, destination = shlex.split(args)
             copies += [(source, destination) for source in sources]
         elif instruction == "ENV":
-            env.update(item.split("=", 1) for item in shlex.split(args))  # type: ignore[misc]
+            for item in shlex.split(args):
+                key, _, value = item.partition("=")
+                env[key] = value
         elif instruction in ("USER", "WORKDIR", "EXPOSE", "ENTRYPOINT", "CMD"):
             found[instruction] = args.strip()
     return Runtime(
@@ -284,11 +288,17 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
         constraints = work / "constraints.txt"
         constraints.write_text("\n".join(pins()) + "\n")
         requirement = f"{wheel}[{','.join(spec.extras)}]" if spec.extras else str(wheel)
-        install = [
-            _uv(), "pip", "install", "--quiet", "--no-config", "--link-mode=copy", "--no-compile-bytecode",
-            f"--python-version={PYTHON_VERSION}", f"--python-platform={PYTHON_PLATFORM}",
-            "--constraint", str(constraints), "--target", f'"$1"{SITE_PACKAGES}', requirement,
-        ]  # fmt: skip
+        site = work / "site-packages"
+        _say(log, f"{spec.name}: installing the wheel and its dependencies (the environment's versions)")
+        _run(
+            [
+                _uv(), "pip", "install", "--quiet", "--no-config", "--link-mode=copy", "--no-compile-bytecode",
+                f"--python-version={PYTHON_VERSION}", f"--python-platform={PYTHON_PLATFORM}",
+                "--constraint", str(constraints), "--target", str(site), requirement,
+            ],
+            env,
+        )  # fmt: skip
+        drop_install_records(site)
         # A file this Python cannot compile (another version's test module) cannot be imported either, so
         # compile_dir's verdict on such files is not the build's (as in docker/predictor.Dockerfile).
         compile_all = [
@@ -297,9 +307,8 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
             " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)",
         ]  # fmt: skip
         hooks = [
-            " ".join(_quote(arg) for arg in install),
-            # The wheel's path (a build folder) is no part of the image.
-            f'rm -f "$1"{SITE_PACKAGES}/*.dist-info/direct_url.json',
+            # python3's postinst makes an empty dist-packages: ours replaces it (a rename: one filesystem).
+            f'mkdir -p "$1"{SITE_PACKAGES} && rmdir "$1"{SITE_PACKAGES} && mv {_quote(str(site))} "$1"{SITE_PACKAGES}',
             # Hash-based bytecode: the sources' mtimes are clamped in the layer, and the root filesystem is
             # read-only at run time, so timestamped bytecode would be stale and never rewritten.
             " ".join(_quote(arg) for arg in compile_all),
@@ -323,6 +332,21 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
         (folder / f"{image.archive.name}.partial").replace(image.archive)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def drop_install_records(site: Path) -> None:
+    """Remove what records where and when a distribution was installed from (the wheel's build folder, the
+    installer's cache time: ``INSTALL_RECORDS``) from every ``*.dist-info`` under ``site``, and from its RECORD."""
+    for dist_info in site.glob("*.dist-info"):
+        found = [name for name in INSTALL_RECORDS if (dist_info / name).is_file()]
+        if not found:
+            continue
+        for name in found:
+            (dist_info / name).unlink()
+        record = dist_info / "RECORD"
+        dropped = tuple(f"{dist_info.name}/{name}," for name in found)
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if not line.startswith(dropped)))
 
 
 def _useradd(runtime: Runtime) -> str:

@@ -78,3 +78,22 @@ def test_own_distributions_are_not_pinned() -> None:
     pinned = {pin.split("==")[0] for pin in images.pins()}
     assert "kopf" in pinned and "torch" in pinned
     assert not pinned & images.OWN_DISTRIBUTIONS
+
+
+def test_install_records_are_dropped_from_the_files_and_from_record(tmp_path: Path) -> None:
+    dist_info = tmp_path / "pkg-1.0.dist-info"
+    dist_info.mkdir()
+    for name in ("METADATA", "direct_url.json", "uv_cache.json"):
+        (dist_info / name).write_text("{}")
+    (dist_info / "RECORD").write_text(
+        "pkg/__init__.py,sha256=abc,3\n"
+        "pkg-1.0.dist-info/METADATA,sha256=def,2\n"
+        "pkg-1.0.dist-info/direct_url.json,sha256=ghi,2\n"
+        "pkg-1.0.dist-info/uv_cache.json,sha256=jkl,2\n"
+        "pkg-1.0.dist-info/RECORD,,\n"
+    )
+    images.drop_install_records(tmp_path)
+    assert sorted(path.name for path in dist_info.iterdir()) == ["METADATA", "RECORD"]
+    assert (dist_info / "RECORD").read_text() == (
+        "pkg/__init__.py,sha256=abc,3\npkg-1.0.dist-info/METADATA,sha256=def,2\npkg-1.0.dist-info/RECORD,,\n"
+    )
