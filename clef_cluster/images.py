@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.metadata
-import io
 import json
 import os
 import re
@@ -27,7 +26,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tomllib
@@ -35,8 +33,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from clef_cluster import oci
 from clef_cluster.versions import cache_root
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,9 +52,6 @@ APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 OWN_DISTRIBUTIONS = frozenset({"clef-serving", "clef-serving-operator"})
 # Written by the installer for a wheel installed from a path: the path, and the installer's cache time.
 INSTALL_RECORDS = ("direct_url.json", "uv_cache.json")
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
 class ImageBuildError(RuntimeError):
@@ -208,11 +204,11 @@ def _normalize(name: str) -> str:
 
 
 def image_key(spec: ImageSpec) -> str:
-    """A hash of everything that decides the image: its sources, Dockerfile, this build code, the Debian packages and
-    apt sources, and the pinned PyPI versions."""
+    """A hash of everything that decides the image: its sources, Dockerfile, this build code and the archive
+    writer's, the Debian packages and apt sources, and the pinned PyPI versions."""
     runtime = dockerfile_runtime(DOCKER_DIR / spec.dockerfile)
     digest = hashlib.sha256(repr((spec, SOURCE_DATE_EPOCH, SUITE, pins())).encode())
-    for path in (DOCKER_DIR / spec.dockerfile, Path(__file__), *apt_sources()):
+    for path in (DOCKER_DIR / spec.dockerfile, Path(__file__), Path(oci.__file__), *apt_sources()):
         digest.update(path.read_bytes())
     for path, destination in source_files(runtime):
         digest.update(destination.encode() + b"\0" + path.read_bytes())
@@ -328,8 +324,7 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
         _say(log, f"{spec.name}: mmdebstrap {SUITE} + {', '.join(spec.debian_packages)} + the wheel and its deps")
         _run(command, env)
         _say(log, f"{spec.name}: writing the OCI archive")
-        _write_oci_archive(image, runtime, layer, folder / f"{image.archive.name}.partial")
-        (folder / f"{image.archive.name}.partial").replace(image.archive)
+        oci.write_archive(image.archive, image.reference, image_config(runtime), layer, mtime=SOURCE_DATE_EPOCH)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -378,8 +373,9 @@ def _run(command: list[str], env: dict[str, str]) -> None:
         raise ImageBuildError(f"{command[0]} {command[1]} failed ({done.returncode}):\n{tail}")
 
 
-def image_config(runtime: Runtime, diff_id: str) -> dict[str, Any]:
-    """The OCI image configuration: the Dockerfile's runtime settings over the one layer."""
+def image_config(runtime: Runtime) -> dict[str, Any]:
+    """The OCI image configuration, less its layer (:func:`clef_cluster.oci.write_archive` adds it): the
+    Dockerfile's runtime settings."""
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SOURCE_DATE_EPOCH))
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **dict(runtime.env)}
     config: dict[str, Any] = {
@@ -396,73 +392,8 @@ def image_config(runtime: Runtime, diff_id: str) -> dict[str, Any]:
         "architecture": "amd64",
         "os": "linux",
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": created, "created_by": f"clef_cluster.images (mmdebstrap {SUITE})"}],
     }
-
-
-def _write_oci_archive(image: BuiltImage, runtime: Runtime, layer: Path, target: Path) -> None:
-    """An OCI image layout of one uncompressed layer, as a tar (oci-archive)."""
-    layer_digest = f"sha256:{_sha256(layer)}"
-    config = _json_bytes(image_config(runtime, layer_digest))
-    manifest = _json_bytes(
-        {
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": layer.stat().st_size}],
-        }
-    )
-    index = _json_bytes(
-        {
-            "schemaVersion": 2,
-            "manifests": [
-                {
-                    "mediaType": OCI_MANIFEST,
-                    "digest": _digest(manifest),
-                    "size": len(manifest),
-                    "annotations": {
-                        "io.containerd.image.name": image.reference,
-                        "org.opencontainers.image.ref.name": image.tag,
-                    },
-                }
-            ],
-        }
-    )
-    with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as archive:
-        _add(archive, "oci-layout", _json_bytes({"imageLayoutVersion": "1.0.0"}))
-        _add(archive, "index.json", index)
-        _add(archive, f"blobs/sha256/{_digest(config).removeprefix('sha256:')}", config)
-        _add(archive, f"blobs/sha256/{_digest(manifest).removeprefix('sha256:')}", manifest)
-        with layer.open("rb") as stream:
-            _add(archive, f"blobs/sha256/{layer_digest.removeprefix('sha256:')}", stream, layer.stat().st_size)
-
-
-def _add(archive: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int | None = None) -> None:
-    info = tarfile.TarInfo(name)
-    info.mtime, info.mode = SOURCE_DATE_EPOCH, 0o644
-    if isinstance(data, bytes):
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    else:
-        info.size = size or 0
-        archive.addfile(info, data)
-
-
-def _json_bytes(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _digest(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @contextmanager

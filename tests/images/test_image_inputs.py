@@ -35,12 +35,12 @@ def test_sources_are_what_the_dockerfile_copies_less_build_leftovers(tmp_path: P
 
 def test_the_image_config_is_the_dockerfiles() -> None:
     runtime = images.dockerfile_runtime(REPO / "docker" / "operator.Dockerfile")
-    config = images.image_config(runtime, "sha256:" + "0" * 64)
+    config = images.image_config(runtime)
     assert config["config"]["Entrypoint"] == ["python", "-m", "clef_operator"]
     assert config["config"]["Cmd"] == ["--all-namespaces", "--liveness-port", "8080"]
     assert config["config"]["User"] == "10001:10001" and config["config"]["WorkingDir"] == "/tmp"
     assert "PYTHONUNBUFFERED=1" in config["config"]["Env"]
-    assert config["created"] == "2026-01-01T00:00:00Z" and config["rootfs"]["diff_ids"] == ["sha256:" + "0" * 64]
+    assert config["created"] == "2026-01-01T00:00:00Z"
 
 
 @pytest.fixture
