@@ -9,8 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/lint.sh
-bash scripts/install_node_packages.sh  # the real node's containerd, runc, CNI plugins (apt-get as root when missing)
-bash scripts/install_image_tools.sh  # mmdebstrap, containerd and runc (apt-get) for the images
+bash scripts/install_container_tools.sh  # the images' and the real node's Debian packages (apt-get as root when missing)
 .venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
 # Keep the bytecode of the repository's own modules and of pytest's rewritten test modules in their (git-ignored)
 # __pycache__/ folders: with PYTHONDONTWRITEBYTECODE set, as some machines set it, every worker and every server the

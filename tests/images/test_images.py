@@ -1,7 +1,7 @@
 """The operator and CPU predictor images (clef_cluster.images), built here and run under containerd and runc the way
 the chart runs them: as uid/gid 10001, on a read-only root filesystem, writable only where the pod mounts volumes.
 
-Needs root and Debian's mmdebstrap, containerd and runc (scripts/install_image_tools.sh installs them). The images
+Needs root and Debian's mmdebstrap, containerd and runc (scripts/install_container_tools.sh installs them). The images
 are built once per input hash and cached, so only a cold cache pays the build.
 """
 
@@ -188,4 +188,4 @@ def test_root_and_the_image_tools_are_here() -> None:
     """The image tests run as root with Debian's tools (no skip: a machine without them fails here, by name)."""
     assert os.geteuid() == 0, "the image tests need root (mmdebstrap --mode=root, containerd)"
     missing = [tool for tool in ("mmdebstrap", "containerd", "ctr", "runc") if shutil.which(tool) is None]
-    assert not missing, f"missing {missing}: bash scripts/install_image_tools.sh installs them"
+    assert not missing, f"missing {missing}: bash scripts/install_container_tools.sh installs them"
