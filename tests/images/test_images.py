@@ -7,7 +7,6 @@ are built once per input hash and cached, so only a cold cache pays the build.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from clef_cluster import images
+from clef_cluster import images, oci
 from clef_contract.container import COMMAND
 from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_UID
 from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
@@ -173,15 +172,7 @@ def test_the_operator_image_builds_bit_for_bit_again(tmp_path: Path, monkeypatch
     monkeypatch.setenv("CLEF_CLUSTER_CACHE", str(tmp_path / "cache"))
     again = images.build("clef-operator", log=False)
     assert again.archive != cached.archive and again.reference == cached.reference
-    assert _sha256(again.archive) == _sha256(cached.archive)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
+    assert oci.file_sha256(again.archive) == oci.file_sha256(cached.archive)
 
 
 def test_root_and_the_image_tools_are_here() -> None:
