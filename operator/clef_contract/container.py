@@ -96,7 +96,7 @@ def predictor_args(
     args = [
         f"--model-dir={MODEL_DIR}",
         f"--model-name={model_name}",
-        "--engine=vllm",
+        "--engine=auto",
         f"--dp={dp}",
         f"--max-model-len={max_model_len}",
         f"--http_port={PREDICTOR_PORT}",
