@@ -2,7 +2,8 @@
 
 python -m clef_cluster up                  # build once (cached), start everything, print the env
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
-python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts
+python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts;
+                      # prints each claim's folder on this machine (a hostPath volume: put the release there)
 python -m clef_cluster import IMAGE.tar    # an OCI archive into the real node's containerd (imagePullPolicy: Never)
 python -m clef_cluster exec -- curl http://NAME.NAMESPACE.svc/   # a command in the node's network namespace,
                       # where Service and pod addresses route and nothing else does; Service names resolve there
@@ -24,10 +25,11 @@ from clef_cluster import images
 from clef_cluster.cluster import Cluster, ClusterError, down, up
 from clef_cluster.netns import NetworkError
 from clef_cluster.node import NodeError
-from clef_cluster.storage import namespace_with_claims
+from clef_cluster.storage import make_volume_folders, namespace_with_claims
 from clef_cluster.versions import bin_dir, cache_root
 
 DIR_ENV = "CLEF_CLUSTER_DIR"
+VOLUMES = "volumes"  # the claims' hostPath folders, under the cluster folder
 
 
 def default_folder() -> Path:
@@ -63,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down(folder)
         elif args.command == "claims":
-            Cluster.load(folder).apply(namespace_with_claims(arguments[0] if arguments else "ml-serving"))
+            cluster, namespace = Cluster.load(folder), arguments[0] if arguments else "ml-serving"
+            root = cluster.folder / VOLUMES
+            for claim, path in make_volume_folders(namespace, root).items():
+                print(f"{claim} {path}")
+            cluster.apply(namespace_with_claims(namespace, root))
         elif args.command == "images":
             for image in images.build_all().values():
                 print(f"{image.reference} {image.archive}")

@@ -1,10 +1,12 @@
 """KServe's controller on the cluster: its CRDs, its configuration and its webhooks, from KServe's own module.
 
 Everything is read from KServe's module source at the pinned version (the one its manager is built from), so
-the CRDs, the ``inferenceservice-config`` ConfigMap and the webhook rules are exactly KServe's. Two things are
-changed for a cluster without Knative, Istio or a Service in front of the manager: the default deployment mode
-is ``Standard`` (RawDeployment), and every webhook is called at ``https://127.0.0.1:<port>`` with a certificate
-made here instead of through KServe's webhook Service.
+the CRDs, the ``inferenceservice-config`` ConfigMap and the webhook rules are exactly KServe's. Three things are
+changed for a cluster without Knative, Istio, an ingress controller or a Service in front of the manager: the
+default deployment mode is ``Standard`` (RawDeployment); the ingress domain is KServe's cluster-local one, with a
+domain template that makes an InferenceService's ``status.url`` its predictor Service's name
+(``http://<name>-predictor.<namespace>.svc.cluster.local``; KServe then creates no Ingress); and every webhook is
+called at ``https://127.0.0.1:<port>`` with a certificate made here instead of through KServe's webhook Service.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ CRD_FILES = (
     "clusterstoragecontainer/serving.kserve.io_clusterstoragecontainers.yaml",
 )
 DEPLOYMENT_MODE = "Standard"
+INGRESS_DOMAIN = "svc.cluster.local"  # KServe's cluster-local domain: no Ingress is created
+DOMAIN_TEMPLATE = "{{ .Name }}-predictor.{{ .Namespace }}.{{ .IngressDomain }}"  # the predictor Service's name
 
 
 def crds() -> list[dict[str, Any]]:
@@ -42,10 +46,15 @@ def crds() -> list[dict[str, Any]]:
 
 
 def config_map() -> dict[str, Any]:
-    """KServe's ``inferenceservice-config`` with the Standard (RawDeployment) deployment mode as default."""
+    """KServe's ``inferenceservice-config`` with the Standard (RawDeployment) deployment mode as default and
+    ``status.url`` the predictor Service's cluster-local name."""
     config = yaml.safe_load((kserve_source() / "config" / "configmap" / "inferenceservice.yaml").read_text())
     config["metadata"] = {"name": CONFIGMAP, "namespace": NAMESPACE}
     config["data"]["deploy"] = json.dumps({"defaultDeploymentMode": DEPLOYMENT_MODE})
+    ingress = json.loads(config["data"]["ingress"])
+    config["data"]["ingress"] = json.dumps(
+        {**ingress, "ingressDomain": INGRESS_DOMAIN, "domainTemplate": DOMAIN_TEMPLATE}
+    )
     return config
 
 

@@ -22,8 +22,9 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: Test files (or folders, ending in "/") that must share a worker, by group name, relative to the repository root.
 SHARED_GROUPS: dict[str, tuple[str, ...]] = {
-    # The real node's own cluster (kubelet, containerd, kube-proxy): listed before "cluster", whose folder holds it.
-    "real-node": ("tests/cluster/test_real_node.py",),
+    # The real node's own clusters (kubelet, containerd, kube-proxy; the end to end one with KServe and the chart),
+    # one after the other: listed before "cluster", whose folder holds them.
+    "real-node": ("tests/cluster/test_real_node.py", "tests/cluster/test_real_node_e2e.py"),
     # One real cluster per session; its files run in name order (test_3_helm.py last).
     "cluster": ("tests/cluster/",),
     # test_documented_rbac_matches_requests reads the RBAC requests the scenarios of both files made in this session.
@@ -38,7 +39,7 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 #: Units that start first, each on a worker of its own, so that none ends the run alone
 #: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting), the
 #: container images (a cold build is minutes of downloads and disk writes) and the GPU benchmark's CPU smoke run
-#: (the longest busy unit); the real node's short module follows them.
+#: (the longest busy unit); the real node's modules follow them.
 FIRST = ("cluster", "images", "tests/quantize/test_gpu_benchmark_smoke.py", "real-node")
 
 

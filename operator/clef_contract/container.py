@@ -77,7 +77,11 @@ DEFAULT_REQUESTS: dict[str, str] = {"cpu": "4", "memory": "32Gi"}
 # no longer answer for 30 s.
 DEFAULT_STARTUP_PERIOD = 10
 DEFAULT_STARTUP_FAILURES = 180
-READINESS_PERIOD = 10
+# Readiness every second, unready after two failures: on SIGTERM the kubelet sees the failed readiness within 2 s,
+# so the endpoints stop counting the pod as serving inside SHUTDOWN_DELAY_S. (With 10 s x 3 they still did when the
+# predictor stopped listening: kube-proxy kept sending a lone replica's new connections there, and one was reset.)
+READINESS_PERIOD = 1
+READINESS_FAILURES = 2
 LIVENESS_PERIOD = 10
 PROBE_TIMEOUT = 5
 PROBE_FAILURES = 3
@@ -96,7 +100,7 @@ def predictor_args(
     args = [
         f"--model-dir={MODEL_DIR}",
         f"--model-name={model_name}",
-        "--engine=vllm",
+        "--engine=auto",
         f"--dp={dp}",
         f"--max-model-len={max_model_len}",
         f"--http_port={PREDICTOR_PORT}",
@@ -153,7 +157,7 @@ def predictor_probes(
         "readinessProbe": {
             "httpGet": http_get(ready),
             "periodSeconds": READINESS_PERIOD,
-            "failureThreshold": PROBE_FAILURES,
+            "failureThreshold": READINESS_FAILURES,
             "timeoutSeconds": PROBE_TIMEOUT,
         },
         "livenessProbe": {

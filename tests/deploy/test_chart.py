@@ -153,6 +153,7 @@ def test_operator_pod_is_hardened_and_probed(rendered_default: list[dict[str, An
     assert probe["path"] == "/healthz"
     (port,) = [p for p in container["ports"] if p["name"] == probe["port"]]
     assert f"--liveness-port={port['containerPort']}" in container["args"]
+    assert container["readinessProbe"]["httpGet"] == probe  # Ready once kopf serves its probes
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 

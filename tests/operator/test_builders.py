@@ -57,7 +57,7 @@ def test_predictor_contract() -> None:
     assert container["args"] == [
         "--model-dir=/mnt/models",
         "--model-name=clef-flash",
-        "--engine=vllm",
+        "--engine=auto",
         "--dp=4",
         "--max-model-len=4096",
         "--http_port=8080",
@@ -324,7 +324,7 @@ def test_args_parse_with_the_predictors_own_parser() -> None:
         args.data_parallel_size,
         args.max_model_len,
         args.http_port,
-    ) == ("/mnt/models", "clef-flash", "vllm", 2, 4096, 8080)
+    ) == ("/mnt/models", "clef-flash", "auto", 2, 4096, 8080)
     assert args.host == "0.0.0.0"
     # SIGTERM's delay and drain fit Kubernetes' default grace period of 30 s (a ServingRuntime cannot raise it).
     assert args.shutdown_delay + args.drain_timeout < 30

@@ -1,0 +1,100 @@
+"""A client of the cluster's Services, run inside the real node's network namespace by ``python -m clef_cluster
+exec`` (which resolves Service names through the client's own /etc/hosts): reads a JSON job on stdin, prints a JSON
+result on stdout.
+
+- ``{"mode": "http", "url": ..., "requests": [{"method", "path", "json" | "content", "headers"}]}``: each request
+  in turn; ``[{"status", "headers", "body"}]``.
+- ``{"mode": "sdk", "url": ..., "model": ...}``: one System One request by the TypeSafe SDK; the answer as JSON.
+- ``{"mode": "load", "url": ..., "request": {...}, "clients": n, "seconds": s}``: ``n`` clients sending the request
+  one after another for ``s`` seconds; each outcome as ``{"status", "retry_after"}`` or ``{"error": <class>,
+  "sent": <whether the connection was made>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+
+def run_http(job: dict[str, Any]) -> list[dict[str, Any]]:
+    results = []
+    with httpx.Client(base_url=job["url"], timeout=120) as client:
+        for request in job["requests"]:
+            response = client.request(
+                request.get("method", "POST"),
+                request["path"],
+                json=request.get("json"),
+                content=request.get("content"),
+                headers=request.get("headers"),
+            )
+            try:
+                body: Any = response.json()
+            except ValueError:
+                body = response.text
+            results.append({"status": response.status_code, "headers": dict(response.headers), "body": body})
+    return results
+
+
+def run_sdk(job: dict[str, Any]) -> dict[str, Any]:
+    import typesafe_sdk
+
+    with typesafe_sdk.TypeSafeClient(
+        base_url=f"{job['url']}/jev", api_key=job.get("api_key", "unused"), model=job["model"], timeout=300
+    ) as sdk:
+        response = sdk.system_one(
+            {"customer": {"message": "I was charged twice this month, please refund one payment.", "plan": "pro"}},
+            {
+                "urgent": typesafe_sdk.Noul(instructions="Does this need a reply today?"),
+                "topic": typesafe_sdk.Choice(criteria={"billing": "Payments, refunds, invoices", "bug": None}),
+                "tone": typesafe_sdk.Score(criteria=["calm", "annoyed", "angry"]),
+            },
+        )
+    return {
+        "model": response.model,
+        "urgent": response.nouls["urgent"].noul,
+        "topic": response.choices["topic"].choice,
+        "tone": dict(response.scores["tone"].probabilities),
+    }
+
+
+def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
+    outcomes: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + job["seconds"]
+
+    def client_loop() -> None:
+        with httpx.Client(base_url=job["url"], timeout=60) as client:
+            while time.monotonic() < deadline:
+                outcome: dict[str, Any]
+                try:
+                    response = client.post("/v1/systemone", json=job["request"])
+                    outcome = {"status": response.status_code, "retry_after": response.headers.get("retry-after")}
+                except httpx.ConnectError as error:  # refused or unreachable before a byte was sent
+                    outcome = {"error": type(error).__name__, "sent": False}
+                    time.sleep(0.2)
+                except httpx.TransportError as error:  # the connection broke after the request was sent
+                    outcome = {"error": type(error).__name__, "sent": True}
+                with lock:
+                    outcomes.append(outcome)
+
+    threads = [threading.Thread(target=client_loop) for _ in range(job["clients"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    runners = {"http": run_http, "sdk": run_sdk, "load": run_load}
+    json.dump(runners[job["mode"]](job), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
