@@ -40,9 +40,10 @@ KEDA_CRD = REPO / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 
 @pytest.fixture(scope="module")
 def bare_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """A cluster of its own without KServe (controller and CRDs), kubectl/helm as its admin."""
+    """A cluster of its own without KServe (controller and CRDs) and without the real node (its pool would get a
+    share of the README's ClefDecision, whose requests do not fit its 2 CPUs), kubectl/helm as its admin."""
     folder = tmp_path_factory.mktemp("cluster-without-kserve")
-    running: Cluster = up(folder, with_kserve=False)
+    running: Cluster = up(folder, with_kserve=False, with_node=False)
     try:
         yield Kube(running)
     finally:
