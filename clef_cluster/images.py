@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import tomllib
@@ -189,11 +190,16 @@ def _has_entries(path: Path) -> bool:
 
 
 def pins() -> list[str]:
-    """``name==version`` of every distribution in the running environment (the project's .venv) but our own: the
-    images install the versions the tests ran with."""
+    """``name==version`` of every distribution installed in the running environment (the project's .venv) but our
+    own: the images install the versions the tests ran with.
+
+    Only the environment's site-packages are read, not the whole ``sys.path``: a process that imported
+    ``pkg_resources`` also has setuptools' vendored distributions on it (another typing-extensions, for one), and the
+    pins, and so the image's key, must not depend on which process asks."""
+    site = sorted({sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")})
     found = {
         _normalize(dist.metadata["Name"]): dist.version
-        for dist in importlib.metadata.distributions()
+        for dist in importlib.metadata.distributions(path=site)
         if dist.metadata["Name"] and _normalize(dist.metadata["Name"]) not in OWN_DISTRIBUTIONS
     }
     return [f"{name}=={version}" for name, version in sorted(found.items())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,16 @@ def test_install_records_are_dropped_from_the_files_and_from_record(tmp_path: Pa
     assert (dist_info / "RECORD").read_text() == (
         "pkg/__init__.py,sha256=abc,3\npkg-1.0.dist-info/METADATA,sha256=def,2\npkg-1.0.dist-info/RECORD,,\n"
     )
+
+
+def test_pins_read_the_environment_not_other_folders_on_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder on sys.path with another version of an installed distribution (as setuptools' vendored ones are once
+    pkg_resources is imported) changes neither the pins nor so the image's key."""
+    before = images.pins()
+    vendored = tmp_path / "typing_extensions-0.0.1.dist-info"
+    vendored.mkdir()
+    (vendored / "METADATA").write_text("Metadata-Version: 2.1\nName: typing_extensions\nVersion: 0.0.1\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])  # after site-packages, as setuptools puts them
+    assert images.pins() == before and "typing-extensions==0.0.1" not in images.pins()
