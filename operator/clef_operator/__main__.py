@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import kopf
 
 from clef_operator.constants import AUTO_BACKEND, BACKENDS, PEERING_LIFETIME
-from clef_operator.workloads import DEFAULT_STORAGE_INITIALIZER_IMAGE
+from clef_operator.deployment_backend import DEFAULT_STORAGE_INITIALIZER_IMAGE
 
 DEFAULT_PEERING = "clef-operator"
 MIN_PEERING_LIFETIME = 11  # kopf writes the keep-alive up to 10 s before it expires

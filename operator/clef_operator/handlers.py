@@ -20,7 +20,6 @@ from typing import Any
 
 import kopf
 
-from clef_operator.builders import label_value
 from clef_operator.constants import (
     API_VERSION,
     DECISION_LABEL,
@@ -34,6 +33,7 @@ from clef_operator.constants import (
     VERSION,
 )
 from clef_operator.diffbase import DigestDiffBaseStorage
+from clef_operator.kserve_backend import label_value
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
 from clef_operator.reconcile import Event, Outcome, Policy, reconcile

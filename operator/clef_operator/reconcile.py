@@ -5,8 +5,8 @@ grace period) deletes them so that every eligible pool has exactly one predictor
 write, the events to post and when to look again. A pool's predictor is a KServe InferenceService (backend
 ``kserve``) or a Deployment with its Service and, when autoscaled, its HorizontalPodAutoscaler or KEDA
 ScaledObject (backend ``deployment``); the objects of the backend not chosen are deleted once the choice is
-certain. The builders decide what the objects look like; this module only compares and calls. A failure on one
-pool is recorded on that pool; the others still converge.
+certain. The backends' builders decide what the objects look like; this module only compares and calls. A failure
+on one pool is recorded on that pool; the others still converge.
 """
 
 from __future__ import annotations
@@ -17,15 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clef_operator.builders import (
-    assign_names,
-    build_inferenceservice,
-    build_update_patch,
-    drifted,
-    label_value,
-    naming_order,
-    possible_names,
-)
 from clef_operator.constants import (
     API_VERSION,
     AUTO_BACKEND,
@@ -35,6 +26,22 @@ from clef_operator.constants import (
     KSERVE_BACKEND,
     POOL_ANNOTATION,
     POOL_LABEL_KEY_ANNOTATION,
+)
+from clef_operator.deployment_backend import (
+    DEFAULT_STORAGE_INITIALIZER_IMAGE,
+    UnsupportedOnBackendError,
+    build_autoscaler,
+    build_deployment,
+    build_service,
+)
+from clef_operator.kserve_backend import (
+    assign_names,
+    build_inferenceservice,
+    build_update_patch,
+    drifted,
+    label_value,
+    naming_order,
+    possible_names,
 )
 from clef_operator.kube import ApiError, ConflictError, KubeApi
 from clef_operator.pools import (
@@ -73,13 +80,6 @@ from clef_operator.status import (
     build_status,
     format_time,
     parse_time,
-)
-from clef_operator.workloads import (
-    DEFAULT_STORAGE_INITIALIZER_IMAGE,
-    UnsupportedOnBackendError,
-    build_autoscaler,
-    build_deployment,
-    build_service,
 )
 
 Adopter = Callable[[dict[str, Any]], None]
@@ -161,7 +161,7 @@ def _pool_of(
     obj: Mapping[str, Any], decision: str, fitting: Mapping[str, list[tuple[str, str]]], label_key: str | None
 ) -> tuple[str, str] | None:
     """The pool an owned serving object serves, told by its name: the operator names each pool's object after the
-    ClefDecision and the pool (builders.possible_names), and a name cannot be edited. ``fitting``: the known pools
+    ClefDecision and the pool (kserve_backend.possible_names), and a name cannot be edited. ``fitting``: the known pools
     whose names each name fits. Where a name fits several pools (one pool name under two label keys), the one its
     annotations or nodeSelector state wins, else the one named first; a pool that is no longer known (its nodes all
     gone) is taken from what the object states when its name fits it. None: nothing tells (the object is left as

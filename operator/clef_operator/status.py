@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from clef_operator.constants import DEPLOYMENT_BACKEND, KSERVE_BACKEND
+from clef_operator.deployment_backend import deployment_ready, service_url
 from clef_operator.pools import PoolDecision
-from clef_operator.workloads import deployment_ready, service_url
 
 NODE_POOLS_ELIGIBLE = "NodePoolsEligible"
 PREDICTORS_READY = "PredictorsReady"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clef_contract.predictor import PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_UID
-from clef_operator.builders import build_predictor_container
+from clef_operator.kserve_backend import build_predictor_container
 from clef_operator.spec import parse_spec
 from tests.deploy.chart import REPO
 

@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 import pytest
 
-from clef_operator.builders import build_inferenceservice
+from clef_operator.kserve_backend import build_inferenceservice
 from clef_operator.pools import GpuNode, NodePool
 from clef_operator.spec import parse_spec
 from tests.deploy import crd_schema

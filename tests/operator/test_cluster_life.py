@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from clef_operator import handlers
-from clef_operator.builders import build_inferenceservice
+from clef_operator.kserve_backend import build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
 from tests.operator.harness import (

@@ -138,7 +138,7 @@ def test_cel_rules_cover_dependent_fields(crd: dict[str, Any]) -> None:
 
 
 def test_built_inferenceservices_match_kserve_schema() -> None:
-    from clef_operator.builders import build_inferenceservice
+    from clef_operator.kserve_backend import build_inferenceservice
     from clef_operator.pools import NodePool
 
     validator = crd_validator(load_crd(KSERVE_CRD), "v1beta1")
@@ -153,8 +153,8 @@ def test_built_inferenceservices_match_kserve_schema() -> None:
 
 
 def test_built_scaled_objects_match_keda_schema() -> None:
+    from clef_operator.deployment_backend import build_autoscaler, build_deployment
     from clef_operator.pools import NodePool
-    from clef_operator.workloads import build_autoscaler, build_deployment
 
     validator = crd_validator(load_crd(KEDA_CRD), "v1alpha1")
     pool = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())

@@ -196,7 +196,7 @@ async def _when(value: Any, predicate: Any) -> Any:
 
 
 async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> None:
-    from clef_operator.builders import build_inferenceservice
+    from clef_operator.kserve_backend import build_inferenceservice
     from clef_operator.pools import NodePool
     from clef_operator.spec import parse_spec
 

@@ -11,8 +11,8 @@ import pytest
 
 from clef_operator import reconcile
 from clef_operator import spec as spec_module
-from clef_operator.builders import build_inferenceservice
 from clef_operator.diffbase import DIGEST_PREFIX
+from clef_operator.kserve_backend import build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.reconcile import MAX_INFERENCESERVICE_BYTES
 from clef_operator.spec import InvalidSpecError, parse_spec

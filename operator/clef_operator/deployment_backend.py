@@ -2,7 +2,7 @@
 HorizontalPodAutoscaler (or, with ``autoscaling.keda``, a KEDA ScaledObject) per eligible pool, for clusters
 without KServe.
 
-The pod is the InferenceService's (``builders.build_pod_spec``: the contract's one predictor container, its
+The pod is the InferenceService's (``kserve_backend.build_pod_spec``: the contract's one predictor container, its
 volumes, the pool's node selector and capability affinity). What KServe adds to an InferenceService's pod is
 done here instead: the release is put at ``/mnt/models`` (a ``pvc://`` claim mounted read-only; ``hf://``,
 ``s3://`` and ``gs://`` fetched by KServe's storage-initializer image as an init container), the Service
@@ -18,14 +18,14 @@ from kubernetes.utils import parse_quantity
 
 from clef_contract.container import CONTAINER_NAME
 from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_UID
-from clef_operator.builders import (
+from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
+from clef_operator.kserve_backend import (
     REPLACE_WITHOUT_SURGE,
     build_pod_spec,
     inferenceservice_name,
     pool_annotations,
     predictor_labels,
 )
-from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.pools import NodePool
 from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, SERVICES
 from clef_operator.spec import ClefDecisionSpec, Keda, Variant

@@ -1,6 +1,8 @@
-"""Pure builders of the objects the operator writes: InferenceService names, bodies and patches.
+"""The kserve backend: pure builders of a pool's InferenceService, and what every backend shares with it.
 
-KServe objects are plain dicts in the API's camelCase, ready to be sent as JSON.
+Shared with the deployment backend (``deployment_backend``, which runs the same pod without KServe): the serving
+objects' names, labels and annotations, the predictor pod, and the drift check and update patch. Objects are plain
+dicts in the API's camelCase, ready to be sent as JSON.
 """
 
 from __future__ import annotations

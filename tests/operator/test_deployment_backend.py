@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from clef_contract.predictor import MODEL_DIR
-from clef_operator import workloads as w
-from clef_operator.builders import build_inferenceservice, build_update_patch
+from clef_operator import deployment_backend as w
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
+from clef_operator.kserve_backend import build_inferenceservice, build_update_patch
 from clef_operator.kube import ApiError
 from clef_operator.pools import GpuNode, NodePool
 from clef_operator.reconcile import Policy, reconcile, resolve_backend

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 import pytest
 
-from clef_operator import builders as b
+from clef_operator import kserve_backend as b
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
 
