@@ -97,8 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for prefix in args.allow_host_path_prefix:
         if not prefix.startswith("/") or os.path.normpath(prefix) == "/":
             build_parser().error(f"--allow-host-path-prefix {prefix!r}: give an absolute folder other than /")
-    from clef_operator.handlers import OperatorState  # registers the handlers
+    import clef_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
     from clef_operator.reconcile import Policy
+    from clef_operator.work_queue import OperatorState
 
     memo = kopf.Memo()
     memo.clef = OperatorState(

@@ -1,8 +1,9 @@
-"""Thin kopf handlers: they pick the trigger, call reconcile(), write the status and post events.
+"""Thin kopf handlers: they pick the trigger and hand the ClefDecision to the work queue (``work_queue``), which
+reconciles it, writes the status and posts the events.
 
 Triggers: a ClefDecision is created, changed or found at start-up; a change in what the GPU nodes say about
 pools; any change to an owned InferenceService or Deployment (readiness, URL, hand edits) or the deletion of
-one whose name a ClefDecision waits for; and the operator's own scheduler, which retries failed
+one whose name a ClefDecision waits for; and the work queue's own scheduler, which retries failed
 passes with backoff, wakes up when a removal grace period ends, and resyncs every ClefDecision periodically.
 The scheduler is one operator-wide task fed from kopf's indices, not a per-object timer or daemon, so kopf
 puts no finalizer on ClefDecisions: deleting one never waits for the operator.
@@ -13,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -28,7 +27,6 @@ from clef_operator.constants import (
     KSERVE_GROUP,
     KSERVE_PLURAL,
     KSERVE_VERSION,
-    PEERING_LIFETIME,
     PLURAL,
     VERSION,
 )
@@ -36,19 +34,11 @@ from clef_operator.diffbase import DigestDiffBaseStorage
 from clef_operator.kserve_backend import label_value
 from clef_operator.kube import ApiError, ConflictError, KubeApi, connection_info, load_configuration
 from clef_operator.pools import GpuNode, node_fingerprint, summarize_node
-from clef_operator.reconcile import Event, Outcome, Policy, reconcile
 from clef_operator.resources import DEPLOYMENTS
 from clef_operator.watch_healing import install as install_watch_healing
 from clef_operator.watch_healing import stale_streams
+from clef_operator.work_queue import Key, indexed_nodes, operator_state, plain, remember, run_pass
 
-LOGGER = logging.getLogger(__name__)
-RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))
-RETRY_BASE_ENV = "CLEF_RETRY_BASE_SECONDS"
-RETRY_MAX_SECONDS = 300.0
-#: A moment less than this many seconds ahead counts as reached (a pass due, a name's backoff over): a shorter
-#: wait would end at once (asyncio runs the timers due within its clock's resolution) and the scheduler would
-#: spin until the clock moved past that moment.
-DUE_SLACK_SECONDS = 1e-3
 # kopf's watch requests: the server ends each watch after server_timeout, the client gives up on a silent
 # one after client_timeout, and every other API call kopf makes is bounded too.
 WATCH_SERVER_TIMEOUT = 300
@@ -57,9 +47,6 @@ CONNECT_TIMEOUT = 30
 REQUEST_TIMEOUT = 60
 # Events of owned InferenceServices within this long of the first one cost one pass of their owner.
 OWNED_EVENT_COALESCE_SECONDS = 0.5
-# An Event identical to one posted on the same ClefDecision this recently is not posted again (Kubernetes'
-# recorder aggregates repeats over the same window).
-EVENT_AGGREGATION_SECONDS = 600.0
 # kopf retries a failed API call after each of these delays (its default waits up to 21 s between tries, so a
 # spec change made during an outage could wait that long after the API answers again); after the last one the
 # watch stream lists again (watch_healing).
@@ -70,102 +57,13 @@ EXIT_TIMEOUT = 10.0
 # (reconnected every inactivity timeout) and a stream retrying through an outage may take.
 LIVENESS_MARGIN = 60.0
 
-Key = tuple[str, str]
-
 install_watch_healing()  # before any watch starts: every watch failure ends in a new list, not an exit
-
-
-@dataclass
-class OperatorState:
-    """Operator-wide state shared by all handlers through kopf's memo."""
-
-    policy: Policy = field(default_factory=Policy)
-    peering_lifetime: int = PEERING_LIFETIME  # kopf's settings.peering.lifetime (seconds)
-    api: KubeApi | None = None
-    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    last_status: dict[str, dict[str, Any]] = field(default_factory=dict)
-    node_fingerprint: frozenset[Any] | None = None
-    # The scheduler: when each ClefDecision is due, how often its last passes failed, and a wake-up call.
-    due: dict[Key, float] = field(default_factory=dict)
-    failures: dict[Key, int] = field(default_factory=dict)
-    wake: asyncio.Event | None = None
-    task: asyncio.Task[None] | None = None
-    # Live views of kopf's indices, captured from the first handler call that receives them.
-    nodes_index: kopf.Index[str, GpuNode] | None = None
-    decisions_index: kopf.Index[Key, dict[str, Any]] | None = None
-    # InferenceService names held by others, by (namespace, name): the ClefDecision waiting for each.
-    waiting_for: dict[Key, Key] = field(default_factory=dict)
-    # InferenceService names found held by another owner, by (namespace, name): (retry at, failed tries).
-    name_backoff: dict[Key, tuple[float, int]] = field(default_factory=dict)
-    # Events posted per ClefDecision uid: (type, reason, message) -> loop time, for aggregating repeats.
-    posted: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
-
-    def record(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
-        """Post each event unless the same one (type, reason, message) was posted on this object within
-        EVENT_AGGREGATION_SECONDS, as Kubernetes' event recorder aggregates repeats."""
-        now = asyncio.get_running_loop().time()
-        seen = self.posted.setdefault(body["metadata"].get("uid", ""), {})
-        for key in [key for key, when in seen.items() if now - when >= EVENT_AGGREGATION_SECONDS]:
-            del seen[key]
-        for event in events:
-            key = (event.type, event.reason, event.message)
-            if key in seen:
-                continue
-            seen[key] = now
-            kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
-
-    def schedule(self, key: Key, delay: float) -> None:
-        """Reconcile ``key`` within ``delay`` seconds (an earlier due time stays)."""
-        when = asyncio.get_running_loop().time() + max(delay, 0.0)
-        self.due[key] = min(self.due.get(key, when), when)
-        if self.wake is not None:
-            self.wake.set()
-
-
-def _state(memo: Any) -> OperatorState:
-    if getattr(memo, "clef", None) is None:
-        memo.clef = OperatorState()
-    return memo.clef
-
-
-def _plain(value: Any) -> Any:
-    """A deep plain-dict copy of a kopf body view."""
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
-
-
-def retry_delay(retry: int) -> float:
-    """Exponential backoff for retries: base * 2**retry, capped at five minutes."""
-    base = float(os.environ.get(RETRY_BASE_ENV, "10"))
-    return min(base * 2 ** min(retry, 16), RETRY_MAX_SECONDS)
-
-
-def _gpu_nodes(index: kopf.Index[str, GpuNode] | None) -> list[GpuNode]:
-    return [node for _, store in (index or {}).items() for node in store]
-
-
-def _remember(
-    state: OperatorState, memo: Any, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, dict[str, Any]]
-) -> None:
-    """Keep the live indices and start the scheduler from the first resource handler that runs.
-
-    Started here rather than at start-up: a task inherits its creator's context, and kopf.event() needs
-    the context kopf gives its resource handlers.
-    """
-    state.nodes_index = gpu_nodes
-    state.decisions_index = decisions
-    if state.task is None:
-        state.wake = asyncio.Event()
-        state.task = asyncio.create_task(_scheduler(state, memo), name="clef-scheduler")
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf's bookkeeping in our own annotations, warnings-only event posting, bounded watches and calls."""
-    state = _state(memo)
+    state = operator_state(memo)
     settings.peering.lifetime = state.peering_lifetime
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
@@ -198,7 +96,7 @@ def liveness_limit(settings: kopf.OperatorSettings) -> float:
 @kopf.on.probe(id="watching")
 async def liveness(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """GET /healthz fails (HTTP 500) when a watch stream is stuck or the operator's scheduler has stopped."""
-    state = _state(memo)
+    state = operator_state(memo)
     stale = stale_streams(settings, asyncio.get_running_loop().time(), liveness_limit(settings))
     if stale:
         raise kopf.PermanentError(f"no progress on the watch streams of {', '.join(stale)}")
@@ -210,7 +108,7 @@ async def liveness(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
 @kopf.on.cleanup()
 async def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
     """Stop the scheduler task with the operator."""
-    task = _state(memo).task
+    task = operator_state(memo).task
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,21 +119,21 @@ async def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """In-cluster service account or $KUBECONFIG, shared by kopf and the operator's own client."""
     configuration = load_configuration()
-    _state(memo).api = KubeApi(configuration)
+    operator_state(memo).api = KubeApi(configuration)
     return connection_info(configuration)
 
 
 @kopf.index("nodes")
 def gpu_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, GpuNode] | None:
     """GPU nodes by name (other nodes are not indexed)."""
-    node = summarize_node(_plain(body))
+    node = summarize_node(plain(body))
     return {name: node} if node is not None else None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
 def decisions(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
     """ClefDecisions by (namespace, name), as plain dicts, for node-, child- and scheduler-triggered passes."""
-    return {(_namespaced(namespace), name): _plain(body)}
+    return {(_namespaced(namespace), name): plain(body)}
 
 
 def _indices(handler_kwargs: Mapping[str, Any]) -> tuple[kopf.Index[str, GpuNode], kopf.Index[Key, dict[str, Any]]]:
@@ -251,123 +149,12 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-async def _run(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> Outcome | None:
-    """Reconcile one ClefDecision under its lock, write its status if changed, post its events, schedule it.
-
-    The previous status is the one this process last wrote (the body's copy may lag behind it). A failed
-    pass (a pool's write refused, a lost race, KServe missing) is scheduled again with backoff; a removal
-    grace period that is running schedules a pass for its end. Returns None for a ClefDecision being deleted.
-    """
-    state = _state(memo)
-    if state.api is None:
-        raise kopf.TemporaryError("the Kubernetes client is not configured yet", delay=1)
-    meta = body["metadata"]
-    if meta.get("deletionTimestamp"):
-        return None
-    key = (meta["namespace"], meta["name"])
-    uid = meta.get("uid", "")
-    lock = state.locks.setdefault(key, asyncio.Lock())
-    try:
-        async with lock:
-            previous = state.last_status.get(uid) or _plain(body.get("status") or {})
-            now = _reached_time()
-            held = frozenset(
-                name
-                for (namespace, name), (until, _) in state.name_backoff.items()
-                if namespace == key[0] and until > now
-            )
-            outcome = await reconcile(
-                body,
-                nodes=nodes,
-                api=state.api,
-                previous_status=previous,
-                policy=state.policy,
-                # kopf.adopt reads its owner as a mapping; its annotation asks for kopf's Body view of one
-                adopt=lambda child: kopf.adopt(child, owner=body),  # type: ignore[arg-type]
-                held=held,
-            )
-            if outcome.status != previous:
-                await state.api.patch_decision_status(key[0], key[1], outcome.status)
-            state.last_status[uid] = outcome.status
-    except (ConflictError, ApiError):
-        _retry_later(state, key)
-        raise
-    state.record(body, outcome.events)
-    _back_off_taken_names(state, key, outcome.conflicts, held)
-    if outcome.failed or outcome.kserve_missing:
-        _retry_later(state, key)
-    else:
-        state.failures.pop(key, None)
-        if outcome.requeue_after is not None:
-            state.schedule(key, outcome.requeue_after)
-    return outcome
-
-
-def _back_off_taken_names(state: OperatorState, key: Key, conflicts: Iterable[str], held: frozenset[str]) -> None:
-    """A name found taken again is tried after an exponential, capped backoff (its holder's deletion wakes
-    the waiting ClefDecision at once); a name no longer in conflict is forgotten."""
-    now = asyncio.get_running_loop().time()
-    wanted = set(conflicts)
-    for name in wanted:
-        state.waiting_for[(key[0], name)] = key
-        if name in held:
-            continue
-        _, tries = state.name_backoff.get((key[0], name), (0.0, 0))
-        delay = retry_delay(tries)
-        state.name_backoff[(key[0], name)] = (now + delay, tries + 1)
-        state.schedule(key, delay)
-    for taken in [taken for taken, owner in state.waiting_for.items() if owner == key and taken[1] not in wanted]:
-        state.waiting_for.pop(taken, None)
-        state.name_backoff.pop(taken, None)
-
-
-def _retry_later(state: OperatorState, key: Key) -> None:
-    failures = state.failures.get(key, 0)
-    state.failures[key] = failures + 1
-    state.schedule(key, retry_delay(failures))
-
-
-def _reached_time() -> float:
-    """The running loop's time plus :data:`DUE_SLACK_SECONDS`: every moment up to it counts as reached."""
-    return asyncio.get_running_loop().time() + DUE_SLACK_SECONDS
-
-
-async def _scheduler(state: OperatorState, memo: Any) -> None:
-    """Run due passes; every RESYNC_SECONDS make every ClefDecision due (repairs drift nobody reported)."""
-    assert state.wake is not None and state.decisions_index is not None  # set before the task starts
-    loop = asyncio.get_running_loop()
-    next_resync = loop.time() + RESYNC_SECONDS
-    while True:
-        now = _reached_time()
-        if now >= next_resync:
-            next_resync = now + RESYNC_SECONDS
-            for key in state.decisions_index:
-                state.due.setdefault(key, now)
-        for key in [key for key, when in state.due.items() if when <= now]:
-            del state.due[key]
-            body = next(iter(state.decisions_index.get(key, [])), None)
-            if body is None:
-                continue
-            try:
-                await _run(body, memo, _gpu_nodes(state.nodes_index))
-            except (ConflictError, ApiError, kopf.TemporaryError):
-                pass  # _run has scheduled the retry
-            except Exception:  # a bug must not stop every later retry, grace expiry and resync
-                LOGGER.exception("reconciling %s/%s failed; retrying with backoff", *key)
-                _retry_later(state, key)
-        state.wake.clear()
-        wait = min([next_resync, *state.due.values()]) - loop.time()
-        if wait > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.wake.wait(), timeout=wait)
-
-
 async def _reconcile_for_handler(
     body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index[str, GpuNode], decisions: kopf.Index[Key, Any]
 ) -> None:
-    _remember(_state(memo), memo, gpu_nodes, decisions)
+    remember(operator_state(memo), memo, gpu_nodes, decisions)
     try:
-        outcome = await _run(_plain(body), memo, _gpu_nodes(gpu_nodes))
+        outcome = await run_pass(plain(body), memo, indexed_nodes(gpu_nodes))
     except (ConflictError, ApiError):
         return  # scheduled again with backoff
     if outcome is not None and outcome.invalid_spec is not None:
@@ -396,7 +183,7 @@ async def updated(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
 def forget_deleted(type: str | None, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
     """Drop the per-ClefDecision state of a deleted ClefDecision."""
     if type == "DELETED":
-        state = _state(memo)
+        state = operator_state(memo)
         key = (_namespaced(namespace), name)
         state.locks.pop(key, None)
         state.last_status.pop(uid, None)
@@ -412,10 +199,10 @@ async def node_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     Only pool labels, GPU Feature Discovery's GPU labels and GPU counts count: heartbeats, GFD's timestamp
     and other relabelling trigger nothing. A failed pass is retried by the scheduler with backoff.
     """
-    state = _state(memo)
+    state = operator_state(memo)
     gpu_nodes, decisions = _indices(kwargs)
-    _remember(state, memo, gpu_nodes, decisions)
-    nodes = _gpu_nodes(gpu_nodes)
+    remember(state, memo, gpu_nodes, decisions)
+    nodes = indexed_nodes(gpu_nodes)
     label_keys = {
         key
         for store in decisions.values()
@@ -429,7 +216,7 @@ async def node_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     for store in list(decisions.values()):
         for body in list(store):
             with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
-                await _run(body, memo, nodes)
+                await run_pass(body, memo, nodes)
 
 
 @kopf.on.event(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL)
@@ -460,8 +247,8 @@ def child_changed(
     """Schedule a pass of the owner of a changed serving object (readiness, URL, hand edits are repaired;
     events within OWNED_EVENT_COALESCE_SECONDS share one pass), of the ClefDecision whose label an ownerless
     one carries (adopted back), and at once of the ClefDecision waiting for a deleted one's name."""
-    state = _state(memo)
-    _remember(state, memo, gpu_nodes, decisions)
+    state = operator_state(memo)
+    remember(state, memo, gpu_nodes, decisions)
     isvc_namespace = namespace
     owner = next(
         (

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from clef_operator import handlers
+from clef_operator import work_queue
 from clef_operator.kserve_backend import build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
@@ -336,7 +336,7 @@ async def test_hand_edited_decision_label_of_a_companion_is_put_back(
     """A Service, HorizontalPodAutoscaler or ScaledObject whose decision label is edited by hand is missed by the list
     by that label: the refused create (409) finds it controlled by this ClefDecision, and it is repaired in place
     at the next pass, with no second object, no deletion and no refused create on every pass."""
-    monkeypatch.setattr(handlers, "RESYNC_SECONDS", 2.0)  # companions are not watched: the resync repairs them
+    monkeypatch.setattr(work_queue, "RESYNC_SECONDS", 2.0)  # companions are not watched: the resync repairs them
     cluster = bare_cluster
     path = COMPANION_PATHS[plural].format(ns=NS)
     autoscaling: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 2}
@@ -359,7 +359,7 @@ async def test_hand_edited_decision_label_of_a_companion_is_put_back(
             return meta.get("labels") == before["labels"]
 
         await eventually(restored)
-        await asyncio.sleep(3 * handlers.RESYNC_SECONDS)  # later passes find it by its label again
+        await asyncio.sleep(3 * work_queue.RESYNC_SECONDS)  # later passes find it by its label again
         await pool_state(cluster, "h100-pool", "Serving")
     assert [i["metadata"]["uid"] for i in await cluster.items(path)] == [before["uid"]]
     counts = Counter(cluster.emulator.operator_writes(plural))
@@ -606,8 +606,8 @@ async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) 
 async def test_host_path_cache_only_under_the_allowed_prefix(cluster: Cluster) -> None:
     import kopf
 
-    from clef_operator.handlers import OperatorState
     from clef_operator.reconcile import Policy
+    from clef_operator.work_queue import OperatorState
 
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     cache = {"hostPath": {"path": "/var/cache/clef/ml", "type": "DirectoryOrCreate"}}

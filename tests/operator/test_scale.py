@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clef_operator import handlers
+from clef_operator import work_queue
 from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
 
 NS = "ml"
@@ -46,7 +46,7 @@ async def _quiet(cluster: Cluster, seconds: float) -> bool:
 async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """After convergence, resync passes over every ClefDecision, node heartbeats and irrelevant relabels cause
     zero API writes (no status patch, no InferenceService write, no Event)."""
-    monkeypatch.setattr(handlers, "RESYNC_SECONDS", 2.0)
+    monkeypatch.setattr(work_queue, "RESYNC_SECONDS", 2.0)
     for pool in range(POOLS):
         for node in range(NODES_PER_POOL):
             await cluster.create(NODES, gpu_node(f"n{pool}-{node}", f"pool{pool}", **H100))

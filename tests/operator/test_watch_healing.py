@@ -27,7 +27,7 @@ from kopf._core.engines import peering as kopf_peering
 from kopf._core.reactor import orchestration
 from kopf._core.reactor import queueing as kopf_queueing
 
-from clef_operator import handlers, watch_healing
+from clef_operator import handlers, watch_healing, work_queue
 from clef_tools.local_server import free_port
 from tests.operator.harness import (
     DECISIONS,
@@ -169,8 +169,8 @@ async def test_liveness_fails_on_a_stuck_stream_or_a_dead_scheduler() -> None:
     with pytest.raises(kopf.PermanentError, match="no progress on the watch streams of nodes"):
         await handlers.liveness(settings=settings, memo=memo)
     stream.touch()
-    handlers._state(memo).task = asyncio.create_task(asyncio.sleep(0))
-    await handlers._state(memo).task
+    work_queue.operator_state(memo).task = asyncio.create_task(asyncio.sleep(0))
+    await work_queue.operator_state(memo).task
     with pytest.raises(kopf.PermanentError, match="scheduler has stopped"):
         await handlers.liveness(settings=settings, memo=memo)
 
