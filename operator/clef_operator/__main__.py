@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not prefix.startswith("/") or os.path.normpath(prefix) == "/":
             build_parser().error(f"--allow-host-path-prefix {prefix!r}: give an absolute folder other than /")
     import clef_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
-    from clef_operator.reconcile import Policy
+    from clef_operator.pass_state import Policy
     from clef_operator.work_queue import OperatorState
 
     memo = kopf.Memo()

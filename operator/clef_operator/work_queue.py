@@ -20,8 +20,9 @@ import kopf
 
 from clef_operator.constants import PEERING_LIFETIME
 from clef_operator.kube import ApiError, ConflictError, KubeApi
+from clef_operator.pass_state import Event, Policy
 from clef_operator.pools import GpuNode
-from clef_operator.reconcile import Event, Outcome, Policy, reconcile
+from clef_operator.reconcile import Outcome, reconcile
 
 LOGGER = logging.getLogger(__name__)
 RESYNC_SECONDS = float(os.environ.get("CLEF_RESYNC_SECONDS", "300"))

@@ -606,7 +606,7 @@ async def test_twenty_random_kills_converge_to_the_same_state(cluster: Cluster) 
 async def test_host_path_cache_only_under_the_allowed_prefix(cluster: Cluster) -> None:
     import kopf
 
-    from clef_operator.reconcile import Policy
+    from clef_operator.pass_state import Policy
     from clef_operator.work_queue import OperatorState
 
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))

@@ -14,8 +14,9 @@ from clef_operator import deployment_backend as w
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.kserve_backend import build_inferenceservice, build_update_patch
 from clef_operator.kube import ApiError
+from clef_operator.pass_state import Policy
 from clef_operator.pools import GpuNode, NodePool
-from clef_operator.reconcile import Policy, reconcile, resolve_backend
+from clef_operator.reconcile import reconcile, resolve_backend
 from clef_operator.resources import SCALED_OBJECTS, Resource
 from clef_operator.spec import parse_spec
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from clef_operator import reconcile
 from clef_operator import spec as spec_module
+from clef_operator import writes
 from clef_operator.diffbase import DIGEST_PREFIX
 from clef_operator.kserve_backend import build_inferenceservice
 from clef_operator.pools import NodePool
-from clef_operator.reconcile import MAX_INFERENCESERVICE_BYTES
 from clef_operator.spec import InvalidSpecError, parse_spec
+from clef_operator.writes import MAX_INFERENCESERVICE_BYTES
 from tests.operator.emulator import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES
 from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, clef_crd, eventually, gpu_node, running_operator
 from tests.operator.schema import crd_validator, errors
@@ -117,7 +117,7 @@ async def test_too_large_inferenceservice_is_reported_not_sent(
     """affinity is free-form (Kubernetes' own schema): more of it than the operator sends in an
     InferenceService is reported on the pool, and nothing is POSTed. (The limit is lowered to 200 kB here:
     the emulator's HTTP server reads bodies up to 1 MiB.)"""
-    monkeypatch.setattr(reconcile, "MAX_INFERENCESERVICE_BYTES", 200_000)
+    monkeypatch.setattr(writes, "MAX_INFERENCESERVICE_BYTES", 200_000)
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     terms = [{"weight": 1, "podAffinityTerm": {"topologyKey": "t" * 60_000, "labelSelector": {}}}] * 4
     await cluster.create(
