@@ -169,9 +169,13 @@ def predictor_probes(
     }
 
 
-def container_security_context() -> dict[str, Any]:
-    """A securityContext the Pod Security Standard ``restricted`` admits; the root filesystem is read-only."""
-    return {
+def container_security_context(*, read_only_root: bool = True) -> dict[str, Any]:
+    """A securityContext the Pod Security Standard ``restricted`` admits, as the predictor image's user and group.
+
+    ``read_only_root``: the root filesystem is read-only (the predictor's); False leaves it as the image has it
+    (KServe's storage-initializer image, which the deployment backend runs as an init container).
+    """
+    context: dict[str, Any] = {
         "runAsNonRoot": True,
         "runAsUser": PREDICTOR_UID,
         "runAsGroup": PREDICTOR_GID,
@@ -180,6 +184,9 @@ def container_security_context() -> dict[str, Any]:
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if not read_only_root:
+        del context["readOnlyRootFilesystem"]
+    return context
 
 
 def predictor_volume_mounts(*, api_key_file: bool = False) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from clef_contract.container import CONTAINER_NAME
-from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_UID
+from clef_contract.container import CONTAINER_NAME, container_security_context
+from clef_contract.predictor import MODEL_DIR
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.kserve_backend import (
     REPLACE_WITHOUT_SURGE,
@@ -71,14 +71,7 @@ def model_source(
         "image": storage_initializer_image,
         "args": [uri, MODEL_DIR],
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": MODEL_DIR}],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": PREDICTOR_UID,
-            "runAsGroup": PREDICTOR_GID,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security_context(read_only_root=False),
     }
     return (
         {"name": MODEL_VOLUME, "emptyDir": {}},
