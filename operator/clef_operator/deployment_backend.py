@@ -21,8 +21,8 @@ from clef_contract.predictor import MODEL_DIR
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.kserve_backend import (
     REPLACE_WITHOUT_SURGE,
+    Placement,
     build_pod_spec,
-    inferenceservice_name,
     pool_annotations,
     predictor_labels,
 )
@@ -90,23 +90,16 @@ def _metadata(name: str, namespace: str, decision: str, pool: NodePool, variant:
 
 
 def build_deployment(
-    *,
-    decision: str,
-    namespace: str,
-    pool: NodePool,
-    spec: ClefDecisionSpec,
-    variant: Variant | None = None,
-    verified: bool = True,
-    name: str | None = None,
-    storage_initializer_image: str = DEFAULT_STORAGE_INITIALIZER_IMAGE,
+    placement: Placement, storage_initializer_image: str = DEFAULT_STORAGE_INITIALIZER_IMAGE
 ) -> dict[str, Any]:
     """The Deployment running the pool's predictor pods (``replicas`` left to the autoscaler when autoscaled)."""
-    chosen = variant or spec.variants[0]
-    deployment_name = name or inferenceservice_name(decision, pool.name)
+    decision, namespace, pool, spec = placement.decision, placement.namespace, placement.pool, placement.spec
+    chosen = placement.release
+    deployment_name = placement.object_name
     volume, mount, init_containers = model_source(chosen, storage_initializer_image)
     if init_containers and spec.predictor.envFrom:
         init_containers[0]["envFrom"] = copy.deepcopy(spec.predictor.envFrom)  # e.g. the bucket's credentials
-    pod = build_pod_spec(spec, pool, chosen, verified, security_context=True)
+    pod = build_pod_spec(placement, security_context=True)
     (container,) = (c for c in pod["containers"] if c["name"] == CONTAINER_NAME)
     container["volumeMounts"].append(mount)
     pod["volumes"].append(volume)

@@ -11,6 +11,7 @@ import copy
 import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from clef_contract.container import DEFAULT_REQUESTS, predictor_container, predictor_volumes
@@ -247,20 +248,47 @@ def pool_annotations(pool: NodePool, variant: Variant) -> dict[str, str]:
     }
 
 
-def build_pod_spec(
-    spec: ClefDecisionSpec, pool: NodePool, variant: Variant, verified: bool, *, security_context: bool
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Placement:
+    """What a backend builds one pool's predictor from, the same for every backend.
+
+    ``variant``: the release served (None: the spec's best). ``verified``: the pool's capability is known (labelled
+    or declared), so node affinity pins the pods to nodes that can run the release. ``name``: the serving object's
+    name (None: ``<decision>-<pool>``).
+    """
+
+    decision: str  # the ClefDecision's name
+    namespace: str
+    pool: NodePool
+    spec: ClefDecisionSpec
+    variant: Variant | None = None
+    verified: bool = True
+    name: str | None = None
+
+    @property
+    def release(self) -> Variant:
+        """The release served."""
+        return self.variant or self.spec.variants[0]
+
+    @property
+    def object_name(self) -> str:
+        """The name of the pool's serving object."""
+        return self.name or inferenceservice_name(self.decision, self.pool.name)
+
+
+def build_pod_spec(placement: Placement, *, security_context: bool) -> dict[str, Any]:
     """The predictor pod's fields, the same for every backend: the contract's container and volumes, pinned to
-    the pool (and, ``verified``, to nodes able to run ``variant``), with the spec's scheduling and identity.
+    the pool (and, when verified, to nodes able to run the release), with the spec's scheduling and identity.
 
     ``security_context``: add POD_SECURITY_CONTEXT.
     """
+    spec, pool, variant = placement.spec, placement.pool, placement.release
     pod: dict[str, Any] = {
         "nodeSelector": {pool.label_key: pool.name},
         "containers": [build_predictor_container(spec, spec.gpus_for(pool.name), variant)],
         "volumes": build_volumes(spec),
     }
-    affinity = build_affinity(spec, variant, verified)
+    affinity = build_affinity(spec, variant, placement.verified)
     if affinity:
         pod["affinity"] = affinity
     if spec.tolerations:
@@ -276,24 +304,12 @@ def build_pod_spec(
     return pod
 
 
-def build_inferenceservice(
-    *,
-    decision: str,
-    namespace: str,
-    pool: NodePool,
-    spec: ClefDecisionSpec,
-    variant: Variant | None = None,
-    verified: bool = True,
-    name: str | None = None,
-) -> dict[str, Any]:
-    """The InferenceService serving ``variant`` on one pool (not yet adopted by its ClefDecision).
-
-    ``verified``: the pool's capability is known (labelled or declared), so node affinity pins the pods to
-    nodes that can run the release.
-    """
-    chosen = variant or spec.variants[0]
+def build_inferenceservice(placement: Placement) -> dict[str, Any]:
+    """The InferenceService serving the placement's release on its pool (not yet adopted by its ClefDecision)."""
+    decision, namespace, pool, spec = placement.decision, placement.namespace, placement.pool, placement.spec
+    chosen = placement.release
     low, high = spec.replicas_for(pool.name)
-    isvc_name = name or inferenceservice_name(decision, pool.name)
+    isvc_name = placement.object_name
     annotations = {
         KSERVE_DEPLOYMENT_MODE_ANNOTATION: spec.deploymentMode,
         **pool_annotations(pool, chosen),
@@ -306,7 +322,7 @@ def build_inferenceservice(
         "minReplicas": low,
         "maxReplicas": high,
         **build_autoscaling(spec, namespace, isvc_name),
-        **build_pod_spec(spec, pool, chosen, verified, security_context=spec.deploymentMode != "Knative"),
+        **build_pod_spec(placement, security_context=spec.deploymentMode != "Knative"),
     }
     if spec.deploymentMode == "Standard":
         predictor["deploymentStrategy"] = REPLACE_WITHOUT_SURGE

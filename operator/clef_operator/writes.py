@@ -18,7 +18,7 @@ from clef_operator.deployment_backend import (
     build_deployment,
     build_service,
 )
-from clef_operator.kserve_backend import build_inferenceservice, build_update_patch, drifted, label_value
+from clef_operator.kserve_backend import Placement, build_inferenceservice, build_update_patch, drifted, label_value
 from clef_operator.kube import ApiError, ConflictError
 from clef_operator.pass_state import COMPANIONS, PRIMARY, Event, Pass, orphaned, owned_by
 from clef_operator.pools import CHOSEN_BY_SPEC, NO_NODES, PoolDecision
@@ -44,18 +44,18 @@ MAX_INFERENCESERVICE_BYTES = 1024 * 1024
 def _build(run: Pass, decision: PoolDecision, child_name: str) -> list[dict[str, Any]]:
     """The pool's objects in the chosen backend, its predictor object first (UnsupportedOnBackendError when the
     spec asks what the backend cannot do)."""
-    options: dict[str, Any] = {
-        "decision": run.name,
-        "namespace": run.namespace,
-        "pool": decision.pool,
-        "spec": run.spec,
-        "variant": decision.variant,
-        "verified": decision.gpu.capability is not None,
-        "name": child_name,
-    }
+    placement = Placement(
+        decision=run.name,
+        namespace=run.namespace,
+        pool=decision.pool,
+        spec=run.spec,
+        variant=decision.variant,
+        verified=decision.gpu.capability is not None,
+        name=child_name,
+    )
     if run.backend == KSERVE_BACKEND:
-        return [build_inferenceservice(**options)]
-    deployment = build_deployment(**options, storage_initializer_image=run.policy.storage_initializer_image)
+        return [build_inferenceservice(placement)]
+    deployment = build_deployment(placement, storage_initializer_image=run.policy.storage_initializer_image)
     autoscaler = build_autoscaler(run.spec, decision.pool, deployment)
     return [deployment, build_service(deployment), *([autoscaler] if autoscaler is not None else [])]
 

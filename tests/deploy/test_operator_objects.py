@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 import pytest
 
-from clef_operator.kserve_backend import build_inferenceservice
+from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import GpuNode, NodePool
 from clef_operator.spec import parse_spec
 from tests.deploy import crd_schema
@@ -110,7 +110,7 @@ def test_built_inferenceservices_match_kserve_crd(
         "spec": SPECS[name],
     }
     crd_schema.validate(owner, clef_crd)  # the spec itself is a valid ClefDecision
-    isvc = build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=parse_spec(SPECS[name]))
+    isvc = build_inferenceservice(Placement(decision="clef", namespace="ml", pool=POOL, spec=parse_spec(SPECS[name])))
     # Standard mode carries the pod securityContext (fsGroup), so the schema check covers it too.
     assert ("securityContext" in isvc["spec"]["predictor"]) == (SPECS[name].get("deploymentMode") != "Knative")
     kopf.adopt(isvc, owner=owner)
@@ -118,7 +118,9 @@ def test_built_inferenceservices_match_kserve_crd(
 
 
 def test_schema_check_catches_a_misplaced_field(kserve_crds: dict[str, dict[str, Any]]) -> None:
-    isvc = build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=parse_spec(SPECS["minimal"]))
+    isvc = build_inferenceservice(
+        Placement(decision="clef", namespace="ml", pool=POOL, spec=parse_spec(SPECS["minimal"]))
+    )
     isvc["spec"]["predictor"]["containers"][0]["shmSize"] = "16Gi"
     with pytest.raises(AssertionError, match="'shmSize' was unexpected"):
         crd_schema.validate(isvc, kserve_crds["InferenceService"])

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from clef_operator import work_queue
-from clef_operator.kserve_backend import build_inferenceservice
+from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import parse_spec
 from tests.operator.harness import (
@@ -95,7 +95,7 @@ async def label(cluster: Cluster, node: str, labels: dict[str, str | None]) -> N
 def expected_isvc(spec: dict[str, Any], pool: str, key: str = GKE, **options: Any) -> dict[str, Any]:
     """What the builders make for a pool (the spec the operator must converge to)."""
     return build_inferenceservice(
-        decision="clef", namespace=NS, spec=parse_spec(spec), pool=NodePool(pool, key, ()), **options
+        Placement(decision="clef", namespace=NS, spec=parse_spec(spec), pool=NodePool(pool, key, ()), **options)
     )["spec"]
 
 

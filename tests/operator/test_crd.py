@@ -138,22 +138,25 @@ def test_cel_rules_cover_dependent_fields(crd: dict[str, Any]) -> None:
 
 
 def test_built_inferenceservices_match_kserve_schema() -> None:
-    from clef_operator.kserve_backend import build_inferenceservice
+    from clef_operator.kserve_backend import Placement, build_inferenceservice
     from clef_operator.pools import NodePool
 
     validator = crd_validator(load_crd(KSERVE_CRD), "v1beta1")
     for spec in (EXAMPLE["spec"], {"model": {"storageUri": "pvc://models/clef"}, "deploymentMode": "Knative"}):
         body = build_inferenceservice(
-            decision="clef",
-            namespace="ml",
-            spec=parse_spec(spec),
-            pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+            Placement(
+                decision="clef",
+                namespace="ml",
+                spec=parse_spec(spec),
+                pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+            )
         )
         assert errors(validator, body) == []
 
 
 def test_built_scaled_objects_match_keda_schema() -> None:
     from clef_operator.deployment_backend import build_autoscaler, build_deployment
+    from clef_operator.kserve_backend import Placement
     from clef_operator.pools import NodePool
 
     validator = crd_validator(load_crd(KEDA_CRD), "v1alpha1")
@@ -161,7 +164,7 @@ def test_built_scaled_objects_match_keda_schema() -> None:
     keda = {"serverAddress": "http://prometheus:9090", "target": "1500m"}
     fields = {key: value for key, value in EXAMPLE["spec"].items() if key not in ("replicas", "poolOverrides")}
     spec = parse_spec({**fields, "autoscaling": {"maxReplicas": 4, "keda": keda}})
-    deployment = build_deployment(decision="clef", namespace="ml", pool=pool, spec=spec)
+    deployment = build_deployment(Placement(decision="clef", namespace="ml", pool=pool, spec=spec))
     body = build_autoscaler(spec, pool, deployment)
     assert body is not None and body["kind"] == "ScaledObject"
     assert errors(validator, body) == []

@@ -12,7 +12,7 @@ import pytest
 from clef_contract.predictor import MODEL_DIR
 from clef_operator import deployment_backend as w
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
-from clef_operator.kserve_backend import build_inferenceservice, build_update_patch
+from clef_operator.kserve_backend import Placement, build_inferenceservice, build_update_patch
 from clef_operator.kube import ApiError
 from clef_operator.pass_state import Policy
 from clef_operator.pools import GpuNode, NodePool
@@ -27,8 +27,8 @@ def _spec(uri: str = "hf://cloudflare/clef-flash-fp8", **extra: Any) -> Any:
     return parse_spec({"model": {"storageUri": uri, "name": "clef-flash"}, **extra})
 
 
-def _deployment(spec: Any, **options: Any) -> dict[str, Any]:
-    return w.build_deployment(decision="clef", namespace="ml", pool=POOL, spec=spec, **options)
+def _deployment(spec: Any, name: str | None = None, **options: Any) -> dict[str, Any]:
+    return w.build_deployment(Placement(decision="clef", namespace="ml", pool=POOL, spec=spec, name=name), **options)
 
 
 def test_the_pod_is_the_inferenceservices_plus_the_release_kserve_would_mount() -> None:
@@ -37,7 +37,8 @@ def test_the_pod_is_the_inferenceservices_plus_the_release_kserve_would_mount() 
         priorityClassName="serving",
         predictor={"envFrom": [{"secretRef": {"name": "hf-token"}}]},
     )
-    predictor = build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
+    isvc = build_inferenceservice(Placement(decision="clef", namespace="ml", pool=POOL, spec=spec))
+    predictor = isvc["spec"]["predictor"]
     deployment = _deployment(spec, storage_initializer_image="registry.local/fetch:1")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]

@@ -21,7 +21,7 @@ def _spec(**extra: Any) -> Any:
 
 
 def _isvc(**extra: Any) -> dict[str, Any]:
-    return b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=_spec(**extra))
+    return b.build_inferenceservice(b.Placement(decision="clef", namespace="ml", pool=POOL, spec=_spec(**extra)))
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,8 @@ def test_pod_security_context_makes_volumes_writable_by_the_predictor() -> None:
 )
 def test_compile_cache_volume_is_the_specs_source(source: dict[str, Any]) -> None:
     spec = _spec(predictor={"compileCache": source})
-    predictor = b.build_inferenceservice(decision="clef", namespace="ml", pool=POOL, spec=spec)["spec"]["predictor"]
+    isvc = b.build_inferenceservice(b.Placement(decision="clef", namespace="ml", pool=POOL, spec=spec))
+    predictor = isvc["spec"]["predictor"]
     assert predictor["volumes"][:2] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
         {"name": "compile-cache", **source},

@@ -196,7 +196,7 @@ async def _when(value: Any, predicate: Any) -> Any:
 
 
 async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> None:
-    from clef_operator.kserve_backend import build_inferenceservice
+    from clef_operator.kserve_backend import Placement, build_inferenceservice
     from clef_operator.pools import NodePool
     from clef_operator.spec import parse_spec
 
@@ -224,7 +224,9 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
     for item in await cluster.items(ISVCS.format(ns=NS)):
         pool = item["metadata"]["annotations"]["clef-serving.io/pool"]
         fresh = build_inferenceservice(
-            decision=DECISION, namespace=NS, spec=spec, pool=NodePool(pool, "cloud.google.com/gke-nodepool", ())
+            Placement(
+                decision=DECISION, namespace=NS, spec=spec, pool=NodePool(pool, "cloud.google.com/gke-nodepool", ())
+            )
         )
         assert item["spec"] == fresh["spec"]
     creates = [

@@ -12,7 +12,7 @@ import pytest
 from clef_operator import spec as spec_module
 from clef_operator import writes
 from clef_operator.diffbase import DIGEST_PREFIX
-from clef_operator.kserve_backend import build_inferenceservice
+from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import NodePool
 from clef_operator.spec import InvalidSpecError, parse_spec
 from clef_operator.writes import MAX_INFERENCESERVICE_BYTES
@@ -66,10 +66,12 @@ def test_largest_accepted_spec_yields_objects_within_the_limits() -> None:
     body = decision(**spec)
     assert errors(crd_validator(clef_crd(), "v1alpha1"), body) == []
     built = build_inferenceservice(
-        decision="clef",
-        namespace=NS,
-        spec=parse_spec(spec),
-        pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+        Placement(
+            decision="clef",
+            namespace=NS,
+            spec=parse_spec(spec),
+            pool=NodePool("h100-pool", "cloud.google.com/gke-nodepool", ()),
+        )
     )
     size = len(json.dumps(built, separators=(",", ":")))
     assert size < MAX_INFERENCESERVICE_BYTES < MAX_OBJECT_BYTES
