@@ -5,8 +5,8 @@ grace period) deletes them so that every eligible pool has exactly one predictor
 write, the events to post and when to look again. A pool's predictor is a KServe InferenceService (backend
 ``kserve``) or a Deployment with its Service and, when autoscaled, its HorizontalPodAutoscaler or KEDA
 ScaledObject (backend ``deployment``); the objects of the backend not chosen are deleted once the choice is
-certain. The backends' builders decide what the objects look like; this module only compares and calls. A failure
-on one pool is recorded on that pool; the others still converge.
+certain. The backends' builders decide what the objects look like and ``writes`` makes the calls; this module
+reads, compares and builds the status. A failure on one pool is recorded on that pool; the others still converge.
 """
 
 from __future__ import annotations
