@@ -44,7 +44,7 @@ def shared_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 def one_thread_per_process() -> None:
     """On several pytest-xdist workers (three on a 2-core machine), each worker and every process it starts (servers,
     engines, encode workers, benchmark cases) computes on one OpenMP thread: the workers already keep the cores busy,
-    and PyTorch's intra-op threads would only compete with them (README, Testing: the measured difference). The
+    and PyTorch's intra-op threads would only compete with them (docs/testing.md: the measured difference). The
     processes read ``OMP_NUM_THREADS`` when they import PyTorch; the worker has imported it already."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch

@@ -118,13 +118,13 @@ def test_examples_validate_against_the_crd(path: pathlib.Path, clef_crd: dict[st
     parse_spec(example["spec"])  # the operator accepts it too
 
 
-def test_readme_example_is_the_example_file(clef_crd: dict[str, Any]) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Install on Kubernetes", 1)
-    assert len(section) == 2, "README.md has no '## Install on Kubernetes' section"
+def test_install_guide_example_is_the_example_file(clef_crd: dict[str, Any]) -> None:
+    guide = (REPO / "docs" / "install.md").read_text()
+    section = guide.split("\n## Serve the model\n", 1)
+    assert len(section) == 2, "docs/install.md has no '## Serve the model' section"
     blocks = re.findall(r"```yaml\n(.*?)```", section[1].split("\n## ", 1)[0], flags=re.DOTALL)
     decisions = [doc for block in blocks for doc in yaml.safe_load_all(block) if doc and doc["kind"] == "ClefDecision"]
-    assert decisions, "the README's install section shows no ClefDecision"
+    assert decisions, "docs/install.md's 'Serve the model' section shows no ClefDecision"
     (example,) = load_yaml_objects(MANIFESTS / "examples" / "clefdecision.yaml")
     assert decisions[0] == example
     crd_schema.validate(decisions[0], clef_crd)

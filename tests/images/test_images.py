@@ -90,7 +90,8 @@ def test_operator_image_runs_as_the_charts_user_on_a_read_only_root(containerd: 
 
 def test_predictor_image_answers_system_one_as_the_local_predictor(containerd: Containerd, tmp_path: Path) -> None:
     """The CPU predictor image, with the demo release mounted where KServe puts a model, starts with the engine
-    `--engine auto` picks on a CPU node and answers the README's System One request as the local predictor does."""
+    `--engine auto` picks on a CPU node and answers the demo's System One request (scripts/demo_request.json) as
+    the local predictor does."""
     image = imported(containerd, "clef-predictor-cpu")
     config = archive_config(image)["config"]
     assert config["User"] == f"{PREDICTOR_UID}:{PREDICTOR_GID}"
