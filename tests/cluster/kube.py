@@ -6,10 +6,8 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -29,21 +27,6 @@ HELM = REPO / ".venv" / "bin" / "helm"
 DELETE_WAIT = f"--timeout={KUBECTL_TIMEOUT_S - 10}s"
 README_NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision.yaml"
-WAIT = 90.0  # seconds any expected state may take
-
-T = TypeVar("T")
-
-
-def eventually(check: Callable[[], T | None], what: str, timeout: float = WAIT) -> T:
-    """Poll ``check`` every 0.25 s until it returns something truthy; fail naming ``what`` at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 class Kube:

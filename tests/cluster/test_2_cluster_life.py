@@ -12,7 +12,8 @@ import yaml
 from clef_cluster.faults import crash_pod
 from clef_cluster.nodes import GpuPool
 from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
-from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 

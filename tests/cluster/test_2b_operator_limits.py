@@ -15,10 +15,11 @@ import yaml
 from clef_operator.diffbase import DIGEST_PREFIX
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
-from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator
 from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, serving_pool, start, wait_serving
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
 from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 nodes_to_remove = test_2_cluster_life.nodes_to_remove  # the fixture: nodes a scenario added, deleted after it

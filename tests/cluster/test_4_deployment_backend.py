@@ -26,7 +26,8 @@ from tests.cluster.helpers import (
     pod_ready,
 )
 from tests.cluster.helpers import pool_status as pools_of
-from tests.cluster.kube import CHART, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import CHART, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 

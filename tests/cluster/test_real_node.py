@@ -29,7 +29,8 @@ from clef_cluster.nodes import REAL_POOL
 from clef_operator.pools import evaluate_pool, group_into_pools, summarize_node
 from clef_operator.spec import parse_spec
 from tests.cluster.helpers import is_ready
-from tests.cluster.kube import EXAMPLE, Kube, eventually
+from tests.cluster.kube import EXAMPLE, Kube
+from tests.polling import eventually
 
 APP = "echo"
 PORT = 8080

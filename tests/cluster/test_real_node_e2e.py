@@ -29,7 +29,8 @@ from clef_contract.container import CONTAINER_NAME
 from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
 from predictor.demo import demo_release
 from tests.cluster.helpers import condition, is_ready, pods_of, pool_status
-from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube, eventually
+from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube
+from tests.polling import eventually
 
 NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision-real-node.yaml"

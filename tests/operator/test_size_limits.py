@@ -16,9 +16,10 @@ from clef_operator.diffbase import DIGEST_PREFIX
 from clef_operator.pools import NodePool
 from clef_operator.reconcile import MAX_INFERENCESERVICE_BYTES
 from clef_operator.spec import InvalidSpecError, parse_spec
+from tests.crd_schema import clef_crd, crd_validator, errors
 from tests.operator.emulator import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES
-from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, clef_crd, eventually, gpu_node, running_operator
-from tests.operator.schema import crd_validator, errors
+from tests.operator.harness import DECISIONS, ISVCS, NODES, EmulatedCluster, gpu_node, running_operator
+from tests.polling import eventually_async
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
@@ -76,7 +77,7 @@ def test_largest_accepted_spec_yields_objects_within_the_limits() -> None:
     assert len(json.dumps(body)) < MAX_OBJECT_BYTES
 
 
-async def test_large_spec_converges_under_the_api_servers_limits(cluster: Cluster) -> None:
+async def test_large_spec_converges_under_the_api_servers_limits(cluster: EmulatedCluster) -> None:
     """A ~700 KB spec: kopf's stock diff base (the spec copied into an annotation) would be refused by the
     API server on every write; the digest keeps the annotation at 71 bytes, and a later change still applies."""
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
@@ -89,17 +90,17 @@ async def test_large_spec_converges_under_the_api_servers_limits(cluster: Cluste
             body = await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")
             return (body["metadata"].get("annotations") or {}).get(LAST_HANDLED)
 
-        stored = await eventually(handled)
+        stored = await eventually_async(handled)
         assert stored.startswith(DIGEST_PREFIX) and len(stored) == len(DIGEST_PREFIX) + 64
-        await eventually(lambda: _isvc_names(cluster))
+        await eventually_async(lambda: _isvc_names(cluster))
         await cluster.merge(f"{DECISIONS.format(ns=NS)}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
 
         async def applied() -> bool:
             items = await cluster.items(ISVCS.format(ns=NS))
             return bool(items) and "--max-model-len=4096" in items[0]["spec"]["predictor"]["containers"][0]["args"]
 
-        await eventually(applied)
-        assert (await eventually(lambda: _changed(handled(), stored))).startswith(DIGEST_PREFIX)
+        await eventually_async(applied)
+        assert (await eventually_async(lambda: _changed(handled(), stored))).startswith(DIGEST_PREFIX)
 
 
 async def _changed(value: Any, old: str) -> str | None:
@@ -107,12 +108,12 @@ async def _changed(value: Any, old: str) -> str | None:
     return new if new != old else None
 
 
-async def _isvc_names(cluster: Cluster) -> set[str]:
+async def _isvc_names(cluster: EmulatedCluster) -> set[str]:
     return {item["metadata"]["name"] for item in await cluster.items(ISVCS.format(ns=NS))}
 
 
 async def test_too_large_inferenceservice_is_reported_not_sent(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """affinity is free-form (Kubernetes' own schema): more of it than the operator sends in an
     InferenceService is reported on the pool, and nothing is POSTed. (The limit is lowered to 200 kB here:
@@ -131,6 +132,6 @@ async def test_too_large_inferenceservice_is_reported_not_sent(
             pool = next(iter(status.get("pools") or []), {})
             return pool if pool.get("state") == "Failed" else None
 
-        pool = await eventually(failed)
+        pool = await eventually_async(failed)
     assert "would take" in pool["predictorMessage"] and "spec.affinity" in pool["predictorMessage"]
     assert cluster.emulator.operator_writes("inferenceservices") == []

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
+from tests.crd_schema import clef_crd, crd_validator, errors
 from tests.operator.cel import apply_defaults, rule_errors
-from tests.operator.harness import clef_crd
-from tests.operator.schema import crd_validator, errors
 from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
 
 
