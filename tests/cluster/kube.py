@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster
+from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, up
 from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,3 +148,34 @@ class Operator:
     def log_text(self) -> str:
         """Everything the operator logged so far."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def cluster_for(tmp_path_factory: pytest.TempPathFactory, name: str, **options: bool) -> Iterator[Cluster]:
+    """A cluster of its own in a fresh folder ``name`` (``options``: clef_cluster.cluster.up's), for the block;
+    brought down after it, even when the block fails."""
+    folder = tmp_path_factory.mktemp(name)
+    running = up(folder, **options)
+    try:
+        yield running
+    finally:
+        down(folder)
+
+
+def install_chart(kube: Kube) -> dict[str, Any]:
+    """``helm install`` of charts/clef-serving (default values) into clef-system, waited for; the release."""
+    kube.helm(
+        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
+    )
+    return {"release": RELEASE, "namespace": SYSTEM_NS}
+
+
+@contextlib.contextmanager
+def operator_for(kube: Kube, folder: Path) -> Iterator[Operator]:
+    """The operator running with the chart's ServiceAccount token for the block (tests may kill and restart it)."""
+    running = Operator(kube, folder)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
