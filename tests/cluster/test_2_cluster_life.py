@@ -4,6 +4,8 @@ own (``spec.nodePools.labelKey``), so no scenario disturbs another or the README
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import pytest
@@ -25,12 +27,12 @@ def hopper(name: str) -> GpuPool:
     return GpuPool(name, LABEL_KEY, "NVIDIA-H100-80GB-HBM3", "hopper", (9, 0), 8, 1, "p5.48xlarge")
 
 
-def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
-    """A ClefDecision serving FP8 on the named pools of this module's label key."""
+def decision(name: str, pools: list[str], metadata: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """A ClefDecision serving FP8 on the named pools of this module's label key (``metadata`` added to its own)."""
     return {
         "apiVersion": "clef-serving.io/v1alpha1",
         "kind": "ClefDecision",
-        "metadata": {"name": name, "namespace": name},
+        "metadata": {"name": name, "namespace": name, **(metadata or {})},
         "spec": {
             "model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"},
             "nodePools": {"labelKey": LABEL_KEY, "include": pools},
@@ -41,10 +43,10 @@ def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
     }
 
 
-def start(kube: Kube, name: str, pools: list[str], **spec: Any) -> None:
+def start(kube: Kube, name: str, pools: list[str], metadata: dict[str, Any] | None = None, **spec: Any) -> None:
     """Create the scenario's namespace and ClefDecision."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kube.apply(decision(name, pools, **spec))
+    kube.apply(decision(name, pools, metadata, **spec))
 
 
 def get_decision(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -65,14 +67,21 @@ def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
     return pool_status(get_decision(kube, name))[pool]
 
 
-def serving_pool(kube: Kube, nodes_to_remove: list[str], name: str, pool_name: str, **spec: Any) -> GpuPool:
+def serving_pool(
+    kube: Kube,
+    nodes_to_remove: list[str],
+    name: str,
+    pool_name: str,
+    metadata: dict[str, Any] | None = None,
+    **spec: Any,
+) -> GpuPool:
     """One Hopper node in a pool of its own, and a ClefDecision ``name`` (in a namespace of that name) serving it
     with ``spec``'s fields; returns once the pool's predictor runs Ready on the node. The node is removed after the
     test."""
     pool = hopper(pool_name)
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
-    start(kube, name, [pool_name], **spec)
+    start(kube, name, [pool_name], metadata, **spec)
     wait_serving(kube, name, pool_name)
     return pool
 
@@ -101,6 +110,28 @@ def test_node_joins_before_gfd_labels_it(kube: Kube, operator: Operator, nodes_t
     kube.run("label", "node", pool.node_name(0), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
     entry = wait_serving(kube, "life-late", "late")
     assert entry["reason"] == "Eligible" and entry["gpu"]["computeCapability"] == "9.0"
+    # A second node joins the serving pool before GFD labels it: the pool keeps serving, nothing is rewritten.
+    isvc = kube.get("inferenceservice", "life-late-late", "life-late")
+    kube.apply(pool.node(1, gfd=False))
+    nodes_to_remove.append(pool.node_name(1))
+    eventually(
+        lambda: (e := pool_status(get_decision(kube, "life-late")).get("late")) and e["nodes"] == 2 and e,
+        "the unlabelled node in the pool's status",
+    )
+    assert pool_status(get_decision(kube, "life-late"))["late"]["state"] == "Serving"
+    kube.run("label", "node", pool.node_name(1), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
+    entry = eventually(
+        lambda: (
+            (e := pool_status(get_decision(kube, "life-late")).get("late"))
+            and e["message"] == "compute capability 9.0 meets the required 8.9"
+            and e
+        ),
+        "the labelled node to be read",
+    )
+    assert entry["state"] == "Serving" and entry["nodes"] == 2, entry
+    after = kube.get("inferenceservice", "life-late-late", "life-late")
+    assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
+    assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
 
 
 def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
@@ -117,10 +148,23 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
         ),
         "the pool to be Degraded",
     )
-    assert degraded["reason"] == "NoNodes" and "removalAt" in degraded
-    kube.apply(pool.node(1))
+    assert degraded["reason"] == "NoNodes" and degraded["inferenceService"] == "life-replaced-replaced", degraded
+    assert degraded["removalAt"] > degraded["degradedSince"], degraded
+    # The replacement joins before GPU Feature Discovery labels it: still Degraded, then serving once labelled.
+    kube.apply(pool.node(1, gfd=False))
+    eventually(
+        lambda: (
+            (pool_status(get_decision(kube, "life-replaced")).get("replaced") or {}).get("reason") == "MissingGPULabels"
+        ),
+        "the unlabelled replacement to be read",
+    )
+    assert pool_status(get_decision(kube, "life-replaced"))["replaced"]["state"] == "Degraded"
+    kube.run("label", "node", pool.node_name(1), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
     entry = wait_serving(kube, "life-replaced", "replaced")
-    assert entry["state"] == "Serving" and "removalAt" not in entry
+    assert entry["state"] == "Serving" and entry["reason"] == "Eligible", entry
+    assert "removalAt" not in entry and "degradedSince" not in entry, entry
+    reasons = {e["reason"] for e in kube.get("events", namespace="life-replaced")}
+    assert "PoolDegraded" in reasons and "InferenceServiceDeleted" not in reasons, reasons
     after = kube.get("inferenceservice", "life-replaced-replaced", "life-replaced")
     assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
     assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
@@ -184,22 +228,21 @@ def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator,
 def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
     serving_pool(kube, nodes_to_remove, "life-edit", "edited")
     name = "life-edit-edited"
-    kube.run(
-        "patch",
-        "inferenceservice",
-        name,
-        "-n",
-        "life-edit",
-        "--type=merge",
-        "-p",
-        '{"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}',
-    )
+    before = kube.get("inferenceservice", name, "life-edit")
+    container = copy.deepcopy(before["spec"]["predictor"]["containers"][0])
+    container["args"].append("--max-num-seqs=1")
+    edit = {
+        "metadata": {"labels": {"team": "ml"}},
+        "spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3, "containers": [container]}},
+    }
+    kube.run("patch", "inferenceservice", name, "-n", "life-edit", "--type=merge", "-p", json.dumps(edit))
 
-    def reverted() -> bool:
-        predictor = kube.get("inferenceservice", name, "life-edit")["spec"]["predictor"]
-        return predictor.get("minReplicas") == 1 and predictor.get("maxReplicas") == 1
+    def reverted() -> dict[str, Any] | None:
+        now = kube.get("inferenceservice", name, "life-edit")
+        return now if now["spec"] == before["spec"] else None
 
-    eventually(reverted, "the operator to revert the hand edit")
+    after = eventually(reverted, "the operator to revert the hand edit")
+    assert after["metadata"]["labels"]["team"] == "ml", "what others add to metadata stays"
     eventually(
         lambda: (
             len(pods_of(kube, name, "life-edit")) == 1
@@ -232,7 +275,12 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(
 def test_decision_deleted_while_the_operator_is_down(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    serving_pool(kube, nodes_to_remove, "life-down", "orphan")
+    # The finalizer an older operator (with a per-object resync timer) added: kopf drops it, nothing needs it.
+    legacy = {"finalizers": ["kopf.zalando.org/KopfFinalizerMarker"]}
+    serving_pool(kube, nodes_to_remove, "life-down", "orphan", metadata=legacy)
+    eventually(
+        lambda: not get_decision(kube, "life-down")["metadata"].get("finalizers"), "the old finalizer to be dropped"
+    )
     operator.stop()
     try:
         kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", DELETE_WAIT)

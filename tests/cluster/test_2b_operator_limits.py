@@ -103,7 +103,8 @@ def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts
         ),
         "kopf's diff base to be stored",
     )
-    assert annotations[LAST_HANDLED].startswith(DIGEST_PREFIX)
+    stored = annotations[LAST_HANDLED]
+    assert stored.startswith(DIGEST_PREFIX) and len(stored) == len(DIGEST_PREFIX) + 64, stored
     assert len(json.dumps(annotations)) < 1024, annotations
     kube.run(
         "patch", "clefdecision", "limits-large", "-n", "limits-large", "--type=merge", "-p", '{"spec": {"replicas": 2}}'
@@ -112,6 +113,11 @@ def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts
         lambda: kube.get("inferenceservice", name, "limits-large")["spec"]["predictor"].get("minReplicas") == 2,
         "a later spec change to be applied",
     )
+    changed = eventually(
+        lambda: (now := get_decision(kube, "limits-large")["metadata"]["annotations"][LAST_HANDLED]) != stored and now,
+        "kopf's diff base to follow the change",
+    )
+    assert changed.startswith(DIGEST_PREFIX), changed
 
 
 def owners(kube: Kube, name: str, namespace: str) -> list[tuple[str, bool]]:
@@ -189,6 +195,9 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
         return pool_status(get_decision(kube, ns)).get(pool, {}).get("state")
 
     eventually(lambda: state("taken") == "Conflict", "the pool to say Conflict")
+    entry = pool_status(get_decision(kube, ns))["taken"]
+    assert entry["predictorReason"] == "NameTaken", entry
+    assert "not owned by this ClefDecision" in entry["predictorMessage"], entry
     # One Warning for the pool and one for the Ready condition it turns False.
     warned = eventually(lambda: len(events := name_taken_events(kube, ns)) == 2 and events, "two NameTaken Events")
     refusals = isvc_create_refusals(kube)

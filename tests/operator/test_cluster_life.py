@@ -7,7 +7,6 @@ requests the emulator served to the operator, not to the test).
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 import random
 import signal
@@ -99,55 +98,6 @@ def expected_isvc(spec: dict[str, Any], pool: str, key: str = GKE, **options: An
     return build_inferenceservice(
         decision="clef", namespace=NS, spec=parse_spec(spec), pool=NodePool(pool, key, ()), **options
     )["spec"]
-
-
-GFD_LABELS = {
-    "nvidia.com/gpu.product": H100["product"],
-    "nvidia.com/gpu.family": "hopper",
-    "nvidia.com/gpu.compute.major": "9",
-    "nvidia.com/gpu.compute.minor": "0",
-}
-
-
-async def test_scale_up_with_late_gfd_labels(cluster: EmulatedCluster) -> None:
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    body = decision()
-    await cluster.create(DECISIONS.format(ns=NS), body)
-    async with running_operator():
-        await has_isvcs(cluster, {"clef-h100-pool"})
-        before = (await isvcs(cluster))["clef-h100-pool"]["spec"]
-        # A node joins before GPU Feature Discovery labels it: the pool keeps serving, nothing is rewritten.
-        await cluster.create(NODES, gpu_node("h100-b", "h100-pool", **UNLABELLED))
-        await pool_state(cluster, "h100-pool", "Serving", nodes=2)
-        await label(cluster, "h100-b", GFD_LABELS)
-        await pool_state(
-            cluster, "h100-pool", "Serving", nodes=2, message="compute capability 9.0 meets the required 8.9"
-        )
-        await asyncio.sleep(SETTLE)
-    assert (await isvcs(cluster))["clef-h100-pool"]["spec"] == before == expected_isvc(body["spec"], "h100-pool")
-    assert writes(cluster) == {("POST", "clef-h100-pool"): 1}
-
-
-async def test_node_replacement_keeps_the_predictor(cluster: EmulatedCluster) -> None:
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    await cluster.create(DECISIONS.format(ns=NS), decision())
-    async with running_operator():
-        await has_isvcs(cluster, {"clef-h100-pool"})
-        # The pool's only node goes: Degraded, the predictor stays for the grace period (10 min by default).
-        await cluster.delete(f"{NODES}/h100-a")
-        gone = await pool_state(cluster, "h100-pool", "Degraded", reason="NoNodes")
-        assert gone["inferenceService"] == "clef-h100-pool" and gone["removalAt"] > gone["degradedSince"]
-        # Its replacement joins unlabelled, then GFD labels it: serving again, never deleted or rewritten.
-        await cluster.create(NODES, gpu_node("h100-c", "h100-pool", **UNLABELLED))
-        await pool_state(cluster, "h100-pool", "Degraded", reason="MissingGPULabels")
-        await label(cluster, "h100-c", GFD_LABELS)
-        back = await pool_state(cluster, "h100-pool", "Serving", reason="Eligible")
-        assert "degradedSince" not in back
-        await asyncio.sleep(SETTLE)
-        events = {e["reason"] for e in await cluster.items(f"/api/v1/namespaces/{NS}/events")}
-    assert set(await isvcs(cluster)) == {"clef-h100-pool"}
-    assert writes(cluster) == {("POST", "clef-h100-pool"): 1}
-    assert "PoolDegraded" in events and "InferenceServiceDeleted" not in events
 
 
 @pytest.mark.looptime(False)  # the grace period ends on the wall clock (removalAt is a wall-clock time)
@@ -258,35 +208,6 @@ async def test_a_refused_pool_fails_alone(cluster: EmulatedCluster, code: int, m
     assert not [w for w in counts if w[0] != "POST"]
 
 
-async def test_hand_edit_is_reverted(cluster: EmulatedCluster) -> None:
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    body = decision()
-    await cluster.create(DECISIONS.format(ns=NS), body)
-    async with running_operator():
-        await has_isvcs(cluster, {"clef-h100-pool"})
-        path = f"{ISVCS.format(ns=NS)}/clef-h100-pool"
-        live = (await isvcs(cluster))["clef-h100-pool"]
-        container = copy.deepcopy(live["spec"]["predictor"]["containers"][0])
-        container["args"].append("--max-num-seqs=1")
-        await cluster.merge(
-            path,
-            {
-                "metadata": {"labels": {"team": "ml"}},
-                "spec": {"predictor": {"minReplicas": 5, "containers": [container]}},
-            },
-        )
-
-        async def repaired() -> bool:
-            item = (await isvcs(cluster))["clef-h100-pool"]
-            return item["spec"] == expected_isvc(body["spec"], "h100-pool")
-
-        await eventually_async(repaired)
-        await asyncio.sleep(SETTLE)
-    final = (await isvcs(cluster))["clef-h100-pool"]
-    assert final["metadata"]["labels"]["team"] == "ml"  # what others add to metadata stays
-    assert writes(cluster) == {("POST", "clef-h100-pool"): 1, ("PATCH", "clef-h100-pool"): 1}
-
-
 @pytest.mark.parametrize(
     "edit",
     [
@@ -369,33 +290,6 @@ async def test_hand_edited_decision_label_of_a_companion_is_put_back(
     assert counts == {("POST", "clef-h100-pool"): 2, ("PATCH", "clef-h100-pool"): 1}, counts
 
 
-async def test_freed_name_is_taken_at_once(cluster: EmulatedCluster) -> None:
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    await cluster.create(
-        ISVCS.format(ns=NS),
-        {
-            "apiVersion": "serving.kserve.io/v1beta1",
-            "kind": "InferenceService",
-            "metadata": {"name": "clef-h100-pool", "namespace": NS},
-            "spec": {},
-        },
-    )
-    await cluster.create(DECISIONS.format(ns=NS), decision())
-    async with running_operator():
-        entry = await pool_state(cluster, "h100-pool", "Conflict", predictorReason="NameTaken")
-        assert "not owned by this ClefDecision" in entry["predictorMessage"]
-        await cluster.delete(f"{ISVCS.format(ns=NS)}/clef-h100-pool")
-        # Well before any resync (300 s): the deletion itself triggers the pass.
-        await pool_state(cluster, "h100-pool", "Serving")
-        await asyncio.sleep(SETTLE)
-    (isvc,) = (await isvcs(cluster)).values()
-    assert isvc["metadata"]["ownerReferences"][0]["name"] == "clef"
-    # Refused (409) by each pass while taken (the start-up passes may be one or two), then created; the
-    # foreign object was never patched or deleted by the operator.
-    counts = writes(cluster)
-    assert set(counts) == {("POST", "clef-h100-pool")} and counts[("POST", "clef-h100-pool")] >= 2
-
-
 async def test_name_collision_between_clefdecisions(cluster: EmulatedCluster) -> None:
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(NODES, gpu_node("p-a", "pool", **H100))
@@ -465,24 +359,6 @@ def _operator_lists(cluster: EmulatedCluster) -> int:
         for method, path in cluster.emulator.served_requests()
         if method == "GET" and path.split("?")[0].endswith("/inferenceservices") and "watch=" not in path
     )
-
-
-async def test_deletion_with_the_operator_stopped(cluster: EmulatedCluster) -> None:
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    # The finalizer an older operator (with a per-object resync timer) added: kopf drops it, nothing needs it.
-    body = decision()
-    body["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
-    await cluster.create(DECISIONS.format(ns=NS), body)
-    async with running_operator():
-        await pool_state(cluster, "h100-pool", "Serving")
-
-        async def no_finalizer() -> bool:
-            return not (await cluster.get(f"{DECISIONS.format(ns=NS)}/clef"))["metadata"].get("finalizers")
-
-        await eventually_async(no_finalizer)
-    await cluster.delete(f"{DECISIONS.format(ns=NS)}/clef")
-    assert await cluster.items(DECISIONS.format(ns=NS)) == []  # gone at once: nothing waits for the operator
-    await has_isvcs(cluster, set())  # the garbage collector removes the children (ownerReferences)
 
 
 async def test_variants_per_pool(cluster: EmulatedCluster) -> None:
