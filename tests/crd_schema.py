@@ -10,8 +10,9 @@ Kubernetes extensions. `to_json_schema` turns it into plain JSON Schema (draft 2
   under `x-kubernetes-preserve-unknown-fields`;
 - `x-kubernetes-embedded-resource` objects may carry apiVersion, kind and metadata.
 
-Not evaluated offline: CEL rules (`x-kubernetes-validations`, see tests/operator/cel.py), list-type
-uniqueness, and formats. The CRDs the tests read (the chart's ClefDecision CRD, KServe's, KEDA's) load here.
+Not evaluated offline: CEL rules (`x-kubernetes-validations`), list-type uniqueness, and formats: the real
+API server's tests (tests/cluster) cover them. The CRDs the tests read (the chart's ClefDecision CRD,
+KServe's, KEDA's) load here.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
 from tests.cluster.kube import DELETE_WAIT, Kube, Operator
 from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, serving_pool, start, wait_serving
+from tests.cluster.validation_cases import BASE, INVALID, VALID, operator_errors
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
-from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
 from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
