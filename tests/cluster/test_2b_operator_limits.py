@@ -143,6 +143,7 @@ def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
     assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored", timeout=10) == [
         ("limits-adopt", True)
     ]
+    assert pool_status(get_decision(kube, "limits-adopt"))["adopt"]["state"] == "Serving"
     kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", DELETE_WAIT)
     gone = ("inferenceservices", "deployments", "pods")
     eventually(
