@@ -347,7 +347,17 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
 def _start_kserve(cluster: Cluster, bins: Path) -> None:
     for name in ("kserve-webhook", "kserve-metrics", "kserve-probe"):
         cluster.ports[name] = free_port()
-    certs = kserve.prepare(cluster)
+    cluster.apply(kserve.crds())
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        *[crd["metadata"]["name"] for crd in kserve.crds()],
+    )
+    cluster.apply(kserve.namespace_objects())
+    authority = pki.Authority.load(cluster.folder / "pki")
+    certs = kserve.write_webhook_certs(cluster.folder / "kserve-tmp", authority)
     _launch(
         cluster,
         "kserve-manager",
@@ -369,7 +379,7 @@ def _start_kserve(cluster: Cluster, bins: Path) -> None:
         "KServe's manager",
         cluster.process("kserve-manager"),
     )
-    kserve.register_webhooks(cluster)
+    cluster.apply(kserve.webhook_configurations(cluster.ports["kserve-webhook"], authority.cert.read_bytes()))
 
 
 def _start_node(cluster: Cluster) -> None:

@@ -14,15 +14,12 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from clef_cluster import pki
 from clef_cluster.build import kserve_source
-
-if TYPE_CHECKING:
-    from clef_cluster.cluster import Cluster
 
 NAMESPACE = "kserve"
 CONFIGMAP = "inferenceservice-config"
@@ -58,21 +55,17 @@ def config_map() -> dict[str, Any]:
     return config
 
 
-def prepare(cluster: Cluster) -> Path:
-    """Install the CRDs, the namespace and the ConfigMap; write the webhook certificate where the manager looks.
+def namespace_objects() -> list[dict[str, Any]]:
+    """KServe's namespace and its ``inferenceservice-config`` ConfigMap (applied after the CRDs)."""
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, config_map()]
 
-    Returns the folder to give the manager as TMPDIR: controller-runtime's webhook server reads
-    ``$TMPDIR/k8s-webhook-server/serving-certs/tls.{crt,key}``.
-    """
-    cluster.apply(crds())
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd", *[crd["metadata"]["name"] for crd in crds()]
-    )
-    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, config_map()])
-    tmp = cluster.folder / "kserve-tmp"
+
+def write_webhook_certs(tmp: Path, authority: pki.Authority) -> Path:
+    """Write the webhook's serving certificate where controller-runtime's webhook server reads it
+    (``$TMPDIR/k8s-webhook-server/serving-certs/tls.{crt,key}``); return ``tmp``, the manager's TMPDIR."""
     certs = tmp / "k8s-webhook-server" / "serving-certs"
     certs.mkdir(parents=True, exist_ok=True)
-    pair = pki.Authority.load(cluster.folder / "pki").serving("kserve-webhook")
+    pair = authority.serving("kserve-webhook")
     (certs / "tls.crt").write_bytes(pair.cert.read_bytes())
     (certs / "tls.key").write_bytes(pair.key.read_bytes())
     (certs / "tls.key").chmod(0o600)
@@ -90,9 +83,3 @@ def webhook_configurations(port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
             path = webhook["clientConfig"]["service"]["path"]
             webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": bundle}
     return configurations
-
-
-def register_webhooks(cluster: Cluster) -> None:
-    """Register KServe's webhooks with the API server (after the manager serves them)."""
-    ca = (cluster.folder / "pki" / "ca.crt").read_bytes()
-    cluster.apply(webhook_configurations(cluster.ports["kserve-webhook"], ca))

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Render manifests/ (plain YAML for `kubectl apply -f manifests/`) from the Helm chart.
+"""Render the chart's ClefDecision CRD from the operator's spec model, then manifests/ from the Helm chart.
 
-The chart in charts/clef-serving is the one source of truth: this script runs `helm template` with
-the default values, a fixed release name and namespace, and writes the objects into numbered files
-that `kubectl apply -f manifests/` applies in order (namespace, CRDs, access, peering, operator).
-Files under manifests/examples/ are hand-written and left alone.
+The ClefDecision CRD's schema comes from operator/clef_operator/spec.py (clef_operator.crd renders it); the
+script writes it into charts/clef-serving/crds/clefdecisions.yaml, where Helm needs it. The chart is then the
+one source of truth for manifests/: this script runs `helm template` with the default values, a fixed release
+name and namespace, and writes the objects into numbered files that `kubectl apply -f manifests/` applies in
+order (namespace, CRDs, access, peering, operator). Files under manifests/examples/ are hand-written and left
+alone.
 
-    scripts/render_manifests.py            # rewrite manifests/
-    scripts/render_manifests.py --check    # exit 1 with a diff when manifests/ is out of date
+    scripts/render_manifests.py            # rewrite the chart's CRD and manifests/
+    scripts/render_manifests.py --check    # exit 1 with a diff when either is out of date
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import subprocess
 import sys
 import tempfile
 
+from clef_operator.crd import crd_yaml
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "clef-serving"
+CHART_CRD = CHART / "crds" / "clefdecisions.yaml"
 MANIFESTS = REPO / "manifests"
 RELEASE = "clef-serving"
 NAMESPACE = "clef-system"
@@ -119,6 +124,13 @@ def diff_dirs(expected: pathlib.Path, actual: pathlib.Path) -> str:
     return "".join(chunks)
 
 
+def crd_drift(chart_crd: pathlib.Path = CHART_CRD) -> str:
+    """Unified diff between the chart's CRD file and the CRD rendered from spec.py ('' when they agree)."""
+    have = chart_crd.read_text().splitlines(keepends=True) if chart_crd.exists() else []
+    want = crd_yaml().splitlines(keepends=True)
+    return "".join(difflib.unified_diff(have, want, chart_crd.as_posix(), "rendered from spec.py"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: render into manifests/, or with --check report drift without writing."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,9 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--helm", default=default_helm(), help="helm binary (default: $HELM or .venv/bin/helm)")
     args = parser.parse_args(argv)
     if not args.check:
+        CHART_CRD.write_text(crd_yaml())
+        print(CHART_CRD.relative_to(REPO))
         for path in render(args.out, args.helm):
             print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
         return 0
+    stale = crd_drift()
+    if stale:
+        sys.stdout.write(stale)
+        print(f"{CHART_CRD.relative_to(REPO)} is out of date: run scripts/render_manifests.py", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         render(pathlib.Path(tmp), args.helm)
         drift = diff_dirs(pathlib.Path(tmp), args.out)

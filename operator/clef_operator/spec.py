@@ -3,6 +3,9 @@
 The API server validates and defaults objects against the CRD; the operator validates again so that
 a spec written against an older schema (or a cluster without CEL) gets a clear ``InvalidSpec``
 condition naming the field instead of a half-built InferenceService.
+
+This model is also the CRD's schema source: clef_operator.crd renders the chart's CRD from it (fields, bounds,
+defaults, enums, descriptions, and each CEL rule written beside the validator it mirrors), hence the length.
 """
 
 from __future__ import annotations
@@ -13,13 +16,28 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from clef_contract.container import DEFAULT_SHM_SIZE, DEFAULT_STARTUP_FAILURES, DEFAULT_STARTUP_PERIOD
+from clef_contract.container import (
+    DEFAULT_REQUESTS,
+    DEFAULT_SHM_SIZE,
+    DEFAULT_STARTUP_FAILURES,
+    DEFAULT_STARTUP_PERIOD,
+)
 from clef_contract.container import MANAGED_FLAGS as CONTRACT_FLAGS
 from clef_contract.predictor import COMPILE_CACHE_VOLUME
 
 STORAGE_URI_PATTERN = r"^(pvc|s3|gs|hf|oci)://.+"
+MAX_STORAGE_URI = 2048
 MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 # MAJOR.MINOR with a one-digit minor, as NVIDIA numbers them (8.9, 9.0, 10.0, 12.0): read as a number by the
 # CRD's CEL rules and as (major, minor) here, two readings that agree only when the minor has one digit.
@@ -86,6 +104,25 @@ MAX_ENV_FROM = 16
 MAX_TOLERATIONS = 32
 MAX_PULL_SECRETS = 16
 
+# CRD-only schema keywords (pydantic's json_schema_extra): how the API server merges lists, and CEL rules.
+ATOMIC: dict[str, Any] = {"x-kubernetes-list-type": "atomic"}
+SET: dict[str, Any] = {"x-kubernetes-list-type": "set"}
+
+
+def list_map(*keys: str) -> dict[str, Any]:
+    """A list the API server merges by the given keys (x-kubernetes-list-type: map)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+def cel(*rules: dict[str, str]) -> dict[str, Any]:
+    """CEL rules (x-kubernetes-validations) the API server checks; each mirrors a validator of this module."""
+    return {"x-kubernetes-validations": list(rules)}
+
+
+def free_form(**schema: Any) -> dict[str, Any]:
+    """An object whose unknown fields the API server keeps (Kubernetes' own types, passed through)."""
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, **schema}
+
 
 class _Model(BaseModel):
     # strict: no coercion the API server would not do (the CRD refuses maxModelLen: "8192", pydantic's lax
@@ -100,13 +137,13 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(default=None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = None
+    tolerationSeconds: int | None = Field(default=None, json_schema_extra={"format": "int64"})
 
 
 class EnvVar(_Model):
     """A Kubernetes EnvVar: name and value checked, valueFrom passed through."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, json_schema_extra=free_form())
     name: str = Field(min_length=1, max_length=MAX_ENV_NAME)
     value: str | None = Field(default=None, max_length=MAX_ENV_VALUE)
 
@@ -120,9 +157,22 @@ class PullSecret(_Model):
 class Variant(_Model):
     """One release of the model: its format, where it lives, and the GPUs that may run it."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            {
+                "rule": "!has(self.minComputeCapability) || self.quantization == 'bf16' || "
+                "double(self.minComputeCapability) >= (self.quantization == 'nvfp4' ? 10.0 : 8.9)",
+                "message": "fp8 needs minComputeCapability >= 8.9, nvfp4 >= 10.0",
+            }
+        )
+    )
     quantization: Quantization
-    storageUri: str = Field(pattern=STORAGE_URI_PATTERN)
-    minComputeCapability: str | None = Field(default=None, pattern=CAPABILITY_PATTERN)
+    storageUri: str = Field(max_length=MAX_STORAGE_URI, pattern=STORAGE_URI_PATTERN)
+    minComputeCapability: str | None = Field(
+        default=None,
+        pattern=CAPABILITY_PATTERN,
+        description="Default: the format's own floor (nvfp4 10.0, fp8 8.9, bf16 8.0).",
+    )
 
     @model_validator(mode="after")
     def _runnable(self) -> Variant:
@@ -142,9 +192,35 @@ class Variant(_Model):
 class ModelSource(_Model):
     """Where the release lives (one storageUri, or variants per GPU class) and the name it is served under."""
 
-    storageUri: str | None = Field(default=None, pattern=STORAGE_URI_PATTERN)
-    variants: list[Variant] = Field(default_factory=list, max_length=3)
-    name: str = Field(default="clef-flash", min_length=1, max_length=63, pattern=MODEL_NAME_PATTERN)
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            {
+                "rule": "has(self.storageUri) != (has(self.variants) && size(self.variants) > 0)",
+                "message": "give exactly one of storageUri and variants",
+            }
+        )
+    )
+    storageUri: str | None = Field(
+        default=None,
+        max_length=MAX_STORAGE_URI,
+        pattern=STORAGE_URI_PATTERN,
+        description="Where the release lives: pvc://claim/path, s3://, gs://, hf://org/repo or oci://image. "
+        "KServe's storage initializer mounts it at /mnt/models.",
+    )
+    variants: list[Variant] = Field(
+        default_factory=list,
+        max_length=3,
+        description="Releases per GPU class instead of one storageUri: each pool runs the best one its GPUs can "
+        "(nvfp4 on >= 10.0, fp8 on >= 8.9, bf16 otherwise).",
+        json_schema_extra=list_map("quantization"),
+    )
+    name: str = Field(
+        default="clef-flash",
+        min_length=1,
+        max_length=63,
+        pattern=MODEL_NAME_PATTERN,
+        description="The model name the predictor serves (GET /v1/models/<name>).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
@@ -161,7 +237,7 @@ class DeclaredPool(_Model):
     """A pool named ahead of its nodes (scale-from-zero, Karpenter): served before any node exists."""
 
     name: str = Field(min_length=1, max_length=63)
-    labelKey: str | None = Field(default=None, min_length=1, max_length=316)
+    labelKey: str | None = Field(default=None, min_length=1, max_length=316, description="Default: nodePools.labelKey.")
     computeCapability: str = Field(pattern=CAPABILITY_PATTERN)
     gpusPerNode: int | None = Field(default=None, ge=1, le=16)
 
@@ -169,11 +245,48 @@ class DeclaredPool(_Model):
 class NodePoolSelection(_Model):
     """How GPU node pools are found and which of them are considered."""
 
-    labelKey: str | None = Field(default=None, min_length=1, max_length=316)
-    include: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=256)
-    exclude: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(default_factory=list, max_length=256)
-    removalGracePeriod: str = Field(default=DEFAULT_REMOVAL_GRACE, pattern=DURATION_PATTERN, min_length=2)
-    declared: list[DeclaredPool] = Field(default_factory=list, max_length=64)
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            {
+                "rule": "!has(self.include) || !has(self.exclude) || self.include.all(p, !(p in self.exclude))",
+                "message": "a pool may not be listed in both include and exclude",
+            },
+            {
+                "rule": "!has(self.declared) || has(self.labelKey) || self.declared.all(d, has(d.labelKey))",
+                "message": "a declared pool needs a labelKey (its own or spec.nodePools.labelKey)",
+            },
+        )
+    )
+    labelKey: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=316,
+        description="Node label naming the pool. Default: the first present of cloud.google.com/gke-nodepool, "
+        "eks.amazonaws.com/nodegroup, kubernetes.azure.com/agentpool, karpenter.sh/nodepool.",
+    )
+    include: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Only these pools (empty means every pool).",
+        json_schema_extra=SET,
+    )
+    exclude: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list, max_length=256, description="Never these pools.", json_schema_extra=SET
+    )
+    removalGracePeriod: str = Field(
+        default=DEFAULT_REMOVAL_GRACE,
+        pattern=DURATION_PATTERN,
+        min_length=2,
+        description="How long a pool may be empty or ineligible (state Degraded) before its InferenceService is "
+        "deleted, e.g. 10m, 90s, 1h.",
+    )
+    declared: list[DeclaredPool] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Pools served before any node exists (scale-from-zero, Karpenter): name, label key and the "
+        "compute capability their nodes will have.",
+        json_schema_extra=ATOMIC,
+    )
 
     @model_validator(mode="after")
     def _disjoint(self) -> NodePoolSelection:
@@ -214,18 +327,35 @@ class Keda(_Model):
     ScaledObject; KEDA must be installed)."""
 
     metric: Literal["clef_engine_in_flight", "clef_queue_depth"] = "clef_queue_depth"
-    target: str = Field(default="4", pattern=QUANTITY_PATTERN)
-    serverAddress: str = Field(min_length=1, pattern=r"^https?://.+")
+    target: str = Field(default="4", pattern=QUANTITY_PATTERN, description="Average value per replica to scale to.")
+    serverAddress: str = Field(min_length=1, pattern=r"^https?://.+", description="Prometheus URL.")
 
 
 class Autoscaling(_Model):
     """Replicas between min and max, scaled by KServe on scaleMetric/scaleTarget, or by KEDA."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            {
+                "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+                "message": "minReplicas may not exceed maxReplicas",
+            },
+            {
+                "rule": "!has(self.keda) || (!has(self.scaleMetric) && !has(self.scaleTarget))",
+                "message": "keda replaces scaleMetric/scaleTarget: give one or the other",
+            },
+        )
+    )
     minReplicas: int = Field(default=1, ge=0, le=1000)
     maxReplicas: int = Field(ge=1, le=1000)
     scaleMetric: Literal["concurrency", "rps", "cpu", "memory"] | None = None
     scaleTarget: int | None = Field(default=None, ge=1)
-    keda: Keda | None = None
+    keda: Keda | None = Field(
+        default=None,
+        description="KEDA (installed separately) scales on a Prometheus query of the predictor's gauge "
+        "clef_queue_depth (requests waiting) or clef_engine_in_flight (requests in the engine), summed over the "
+        "pool's pods.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -249,7 +379,31 @@ def _quantity(value: str | int) -> str | int:
     return value
 
 
-Quantity = Annotated[str | int, AfterValidator(_quantity)]
+QUANTITY_SCHEMA: dict[str, Any] = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": QUANTITY_PATTERN,
+}
+Quantity = Annotated[str | int, AfterValidator(_quantity), WithJsonSchema(QUANTITY_SCHEMA)]
+# requests and limits, each a map of resource name to quantity.
+Resources = Annotated[
+    dict[Literal["requests", "limits"], dict[str, Quantity]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": {
+                "requests": {
+                    "type": "object",
+                    "description": "Default when absent: "
+                    + ", ".join(f"{name} {value}" for name, value in DEFAULT_REQUESTS.items())
+                    + ".",
+                    "additionalProperties": QUANTITY_SCHEMA,
+                },
+                "limits": {"type": "object", "additionalProperties": QUANTITY_SCHEMA},
+            },
+        }
+    ),
+]
 
 
 class StartupBudget(_Model):
@@ -262,19 +416,79 @@ class StartupBudget(_Model):
 class Predictor(_Model):
     """The predictor container: image, resources, serving limits, extra CLI flags, compile-cache volume."""
 
-    image: str | None = Field(default=None, min_length=1)
-    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    resources: dict[Literal["requests", "limits"], dict[str, Quantity]] = Field(default_factory=dict)
-    maxModelLen: int = Field(default=8192, ge=256, le=1_048_576)
-    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
-        default_factory=list, max_length=MAX_EXTRA_ARGS
+    image: str | None = Field(
+        default=None, min_length=1, description="Predictor image; default the operator's CLEF_PREDICTOR_IMAGE."
     )
-    shmSize: str = Field(default=DEFAULT_SHM_SIZE, pattern=QUANTITY_PATTERN)
-    startupProbe: StartupBudget = Field(default_factory=StartupBudget)
-    compileCache: dict[str, Any] = Field(default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE))
-    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV)
-    envFrom: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_ENV_FROM)
-    apiKeySecret: ApiKeySecret | None = None
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    resources: Resources = Field(
+        default_factory=dict,
+        description="CPU/memory requests and limits; nvidia.com/gpu is set from gpusPerReplica.",
+    )
+    maxModelLen: int = Field(
+        default=8192, ge=256, le=1_048_576, description="Longest prompt in tokens (--max-model-len)."
+    )
+    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_EXTRA_ARGS,
+        description=f"Extra predictor flags (at most {MAX_EXTRA_ARGS} of {MAX_ARG_LENGTH} characters); the flags "
+        "the operator sets may not appear.",
+        json_schema_extra=ATOMIC
+        | cel(
+            {
+                "rule": f"self.all(a, !{list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
+                "message": f"{', '.join(MANAGED_FLAGS[:-1])} and {MANAGED_FLAGS[-1]} are set by the operator",
+            }
+        ),
+    )
+    shmSize: str = Field(
+        default=DEFAULT_SHM_SIZE,
+        pattern=QUANTITY_PATTERN,
+        description="Size of the memory-backed /dev/shm (its pages count against the container's memory limit).",
+    )
+    startupProbe: StartupBudget = Field(
+        default_factory=StartupBudget,
+        description=f"Startup budget = periodSeconds x failureThreshold (default {DEFAULT_STARTUP_PERIOD} s x "
+        f"{DEFAULT_STARTUP_FAILURES} = {DEFAULT_STARTUP_PERIOD * DEFAULT_STARTUP_FAILURES // 60} min) for weight "
+        "loading and warm-up.",
+        json_schema_extra={"default": {}},
+    )
+    # One writable volume source (Kubernetes Volume fields less name), each free-form: the API server refuses
+    # any other key (unknown field) and CEL cannot iterate an object of unknown fields.
+    compileCache: dict[str, Any] = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_COMPILE_CACHE),
+        description="Volume for vLLM's torch.compile cache and Triton's kernel cache, mounted at /var/cache/clef "
+        "(VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1) so that a "
+        "restarted predictor reuses compiled kernels. Exactly one writable Kubernetes volume source without a "
+        "name, e.g. {persistentVolumeClaim: {claimName: clef-compile-cache}}, {hostPath: {path: /var/cache/clef, "
+        "type: DirectoryOrCreate}} or {emptyDir: {sizeLimit: 20Gi}}. Default when absent: {emptyDir: {}} (kept "
+        "across container restarts within one pod).",
+        json_schema_extra={
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {source: free_form() for source in CACHE_VOLUME_SOURCES},
+        },
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_ENV,
+        description=f"Extra environment variables of the predictor container (Kubernetes EnvVar objects; at most "
+        f"{MAX_ENV}, values up to {MAX_ENV_VALUE} characters).",
+        json_schema_extra=ATOMIC,
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=MAX_ENV_FROM,
+        description="ConfigMaps and Secrets whose keys become environment variables (Kubernetes EnvFromSource "
+        "objects).",
+        json_schema_extra=ATOMIC,
+    )
+    apiKeySecret: ApiKeySecret | None = Field(
+        default=None,
+        description="A Secret in this namespace whose key (default keys) holds API keys, one per line: mounted "
+        "read-only and passed as --api-key-file; clients send Authorization: Bearer <key>.",
+    )
 
     @field_validator("compileCache")
     @classmethod
@@ -312,24 +526,102 @@ class Predictor(_Model):
 class ClefDecisionSpec(_Model):
     """The whole ``spec`` of a ClefDecision, with the CRD's defaults."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            {
+                "rule": "!has(self.model.storageUri) || self.quantization == 'bf16' || "
+                "double(self.minComputeCapability) >= (self.quantization == 'nvfp4' ? 10.0 : 8.9)",
+                "message": "fp8 needs minComputeCapability >= 8.9 (Ada, Hopper, Blackwell), nvfp4 >= 10.0 "
+                "(Blackwell); use quantization: bf16 for older GPUs",
+                "fieldPath": ".minComputeCapability",
+            },
+            {
+                "rule": "!has(self.poolOverrides) || !has(self.nodePools.exclude) || "
+                "self.poolOverrides.all(o, !(o.name in self.nodePools.exclude))",
+                "message": "poolOverrides names a pool that nodePools.exclude excludes",
+                "fieldPath": ".poolOverrides",
+            },
+        )
+    )
     model: ModelSource
-    quantization: Quantization = "fp8"
-    minComputeCapability: str = Field(default="8.9", pattern=CAPABILITY_PATTERN)
-    allowUnverifiedPools: bool = False
-    nodePools: NodePoolSelection = Field(default_factory=NodePoolSelection)
-    replicas: int = Field(default=1, ge=1, le=1000)
-    gpusPerReplica: int = Field(default=1, ge=1, le=16)
-    poolOverrides: list[PoolOverride] = Field(default_factory=list, max_length=256)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
-    autoscaling: Autoscaling | None = None
-    affinity: dict[str, Any] = Field(default_factory=dict)
-    serviceAccountName: str | None = Field(default=None, min_length=1, max_length=253)
-    imagePullSecrets: list[PullSecret] = Field(default_factory=list, max_length=MAX_PULL_SECRETS)
+    quantization: Quantization = Field(
+        default="fp8",
+        description="The format of model.storageUri's release. fp8 (compressed-tensors) needs compute capability "
+        "8.9+, nvfp4 10.0+; bf16 runs on older GPUs.",
+    )
+    minComputeCapability: str = Field(
+        default="8.9",
+        pattern=CAPABILITY_PATTERN,
+        description="Smallest NVIDIA compute capability a pool's GPUs must report "
+        "(nvidia.com/gpu.compute.major/minor).",
+    )
+    allowUnverifiedPools: bool = Field(
+        default=False,
+        description="Serve on GPU pools whose nodes lack GPU Feature Discovery compute-capability labels.",
+    )
+    nodePools: NodePoolSelection = Field(default_factory=NodePoolSelection, json_schema_extra={"default": {}})
+    replicas: int = Field(default=1, ge=1, le=1000, description="Predictor replicas per pool (overridable per pool).")
+    gpusPerReplica: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs per predictor replica; the predictor runs one data-parallel engine per GPU (--dp).",
+    )
+    poolOverrides: list[PoolOverride] = Field(default_factory=list, max_length=256, json_schema_extra=list_map("name"))
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Tolerations for the predictor pods (e.g. nvidia.com/gpu taints).",
+        json_schema_extra=ATOMIC,
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="Replicas per pool between minReplicas and maxReplicas (instead of replicas), scaled by KServe "
+        "on scaleMetric/scaleTarget or by KEDA on the predictor's own metrics.",
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Pod affinity, anti-affinity and preferred node affinity for the predictor pods. Required node "
+        "affinity is the operator's (pool and compute capability).",
+        # Declared (still free-form) so that the CEL rule compiles: CEL cannot name fields of an object that only
+        # preserves unknown fields.
+        json_schema_extra=free_form(
+            properties={
+                "nodeAffinity": free_form(properties={"requiredDuringSchedulingIgnoredDuringExecution": free_form()})
+            },
+            **cel(
+                {
+                    "rule": "!has(self.nodeAffinity) || "
+                    "!has(self.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)",
+                    "message": "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "
+                    "operator",
+                }
+            ),
+        ),
+    )
+    serviceAccountName: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The predictor pods' ServiceAccount (e.g. one carrying s3://, gs:// or hf:// credentials for "
+        "KServe's storage initializer).",
+    )
+    imagePullSecrets: list[PullSecret] = Field(
+        default_factory=list, max_length=MAX_PULL_SECRETS, json_schema_extra=ATOMIC
+    )
     priorityClassName: str | None = Field(default=None, min_length=1, max_length=253)
-    predictor: Predictor = Field(default_factory=Predictor)
-    deploymentMode: Literal["Standard", "Knative"] = "Standard"
+    predictor: Predictor = Field(default_factory=Predictor, json_schema_extra={"default": {}})
+    deploymentMode: Literal["Standard", "Knative"] = Field(
+        default="Standard", description="KServe deployment mode (serving.kserve.io/deploymentMode)."
+    )
     # None: the operator's default (--default-backend; auto: kserve where the InferenceService CRD is served).
-    backend: Literal["kserve", "deployment"] | None = None
+    backend: Literal["kserve", "deployment"] | None = Field(
+        default=None,
+        description="What serves each pool: a KServe InferenceService (kserve) or a Deployment, Service and "
+        "(autoscaled) HorizontalPodAutoscaler or, with autoscaling.keda, KEDA ScaledObject (deployment). Absent: "
+        "the operator's default (--default-backend; auto: kserve where the cluster serves InferenceServices, else "
+        "deployment, decided once and kept in status.backend). Changing it replaces every pool's objects.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ClefDecisionSpec:

@@ -9,21 +9,17 @@ from typing import Any
 
 import pytest
 
-from clef_cluster.cluster import Cluster, down, up
+from clef_cluster.cluster import Cluster
 from tests.cluster.helpers import apply_readme_decision
-from tests.cluster.kube import CHART, RELEASE, SYSTEM_NS, Kube, Operator
+from tests.cluster.kube import Kube, Operator, cluster_for, install_chart, operator_for
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """etcd, the API server, controllers, scheduler, kwok's fake GPU pools and KServe's controller (the real node
     has its own cluster: test_real_node.py)."""
-    folder = tmp_path_factory.mktemp("cluster")
-    running = up(folder, with_node=False)
-    try:
+    with cluster_for(tmp_path_factory, "cluster", with_node=False) as running:
         yield running
-    finally:
-        down(folder)
 
 
 @pytest.fixture(scope="session")
@@ -35,10 +31,7 @@ def kube(cluster: Cluster) -> Kube:
 @pytest.fixture(scope="session")
 def installed_chart(kube: Kube) -> dict[str, Any]:
     """``helm install`` of charts/clef-serving (default values) into clef-system, waited for; its manifest."""
-    kube.helm(
-        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
-    )
-    return {"release": RELEASE, "namespace": SYSTEM_NS}
+    return install_chart(kube)
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +39,8 @@ def operator(
     kube: Kube, installed_chart: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
     """The operator, running for the session (tests may kill and restart it)."""
-    running = Operator(kube, tmp_path_factory.mktemp("operator"))
-    running.start()
-    try:
+    with operator_for(kube, tmp_path_factory.mktemp("operator")) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ import pytest
 
 from clef_cluster.nodes import GPU_POOLS
 from clef_cluster.storage import namespace_with_claims
-from tests.cluster.kube import EXAMPLE, README_NS, Kube, eventually
+from tests.cluster.kube import EXAMPLE, README_NS, Kube
+from tests.polling import eventually
 
 DECISION_LABEL = "clef-serving.io/decision"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"

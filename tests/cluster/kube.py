@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster
+from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, up
 from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,21 +29,6 @@ HELM = REPO / ".venv" / "bin" / "helm"
 DELETE_WAIT = f"--timeout={KUBECTL_TIMEOUT_S - 10}s"
 README_NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision.yaml"
-WAIT = 90.0  # seconds any expected state may take
-
-T = TypeVar("T")
-
-
-def eventually(check: Callable[[], T | None], what: str, timeout: float = WAIT) -> T:
-    """Poll ``check`` every 0.25 s until it returns something truthy; fail naming ``what`` at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 class Kube:
@@ -163,3 +148,34 @@ class Operator:
     def log_text(self) -> str:
         """Everything the operator logged so far."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def cluster_for(tmp_path_factory: pytest.TempPathFactory, name: str, **options: bool) -> Iterator[Cluster]:
+    """A cluster of its own in a fresh folder ``name`` (``options``: clef_cluster.cluster.up's), for the block;
+    brought down after it, even when the block fails."""
+    folder = tmp_path_factory.mktemp(name)
+    running = up(folder, **options)
+    try:
+        yield running
+    finally:
+        down(folder)
+
+
+def install_chart(kube: Kube) -> dict[str, Any]:
+    """``helm install`` of charts/clef-serving (default values) into clef-system, waited for; the release."""
+    kube.helm(
+        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
+    )
+    return {"release": RELEASE, "namespace": SYSTEM_NS}
+
+
+@contextlib.contextmanager
+def operator_for(kube: Kube, folder: Path) -> Iterator[Operator]:
+    """The operator running with the chart's ServiceAccount token for the block (tests may kill and restart it)."""
+    running = Operator(kube, folder)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()

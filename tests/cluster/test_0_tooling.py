@@ -1,9 +1,10 @@
 """The cluster tooling's own facts, checked without a cluster: the fake pools carry the labels the operator
-reads, the certificates chain to the CA, a recorded process is never confused with a later one, and the node's
-FROM-scratch images are valid OCI archives."""
+reads, the certificates chain to the CA, a recorded process is never confused with a later one, the node's
+FROM-scratch images are valid OCI archives, and no two of its modules import each other."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -85,3 +86,33 @@ def test_scratch_image_archive_is_a_content_addressed_oci_layout(tmp_path: Path)
         (member,) = tar.getmembers()
         assert member.name == "tool" and member.mode == 0o755
         assert tar.extractfile(member).read() == binary.read_bytes()  # type: ignore[union-attr]
+
+
+def clef_cluster_imports() -> dict[str, set[str]]:
+    """Each clef_cluster module's imports of its sibling modules (those for type checking only included)."""
+    folder = Path(__file__).resolve().parents[2] / "clef_cluster"
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        found = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "clef_cluster":
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clef_cluster."):
+                found.add(str(node.module).split(".")[1])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("clef_cluster.")}
+    return graph
+
+
+def test_clef_cluster_modules_import_no_circle() -> None:
+    graph = clef_cluster_imports()
+    assert graph["cluster"] >= {"kserve", "node"}  # the reading sees both import forms
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(
+            module == target or (module not in seen and reaches(module, target, seen | {module}))
+            for module in graph.get(start, set())
+        )
+
+    circles = sorted(module for module in graph if reaches(module, module, {module}))
+    assert not circles, f"modules that import themselves through others: {circles}"

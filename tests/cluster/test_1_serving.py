@@ -17,7 +17,8 @@ from tests.cluster.helpers import (
     pods_of,
     pool_status,
 )
-from tests.cluster.kube import OPERATOR_DEPLOYMENT, README_NS, REPO, SYSTEM_NS, Kube, eventually
+from tests.cluster.kube import OPERATOR_DEPLOYMENT, README_NS, REPO, SYSTEM_NS, Kube
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 

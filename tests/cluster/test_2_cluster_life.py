@@ -4,6 +4,11 @@ own (``spec.nodePools.labelKey``), so no scenario disturbs another or the README
 
 from __future__ import annotations
 
+import copy
+import json
+import random
+import time
+from functools import partial
 from typing import Any
 
 import pytest
@@ -12,7 +17,8 @@ import yaml
 from clef_cluster.faults import crash_pod
 from clef_cluster.nodes import GpuPool
 from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
-from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -24,12 +30,12 @@ def hopper(name: str) -> GpuPool:
     return GpuPool(name, LABEL_KEY, "NVIDIA-H100-80GB-HBM3", "hopper", (9, 0), 8, 1, "p5.48xlarge")
 
 
-def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
-    """A ClefDecision serving FP8 on the named pools of this module's label key."""
+def decision(name: str, pools: list[str], metadata: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """A ClefDecision serving FP8 on the named pools of this module's label key (``metadata`` added to its own)."""
     return {
         "apiVersion": "clef-serving.io/v1alpha1",
         "kind": "ClefDecision",
-        "metadata": {"name": name, "namespace": name},
+        "metadata": {"name": name, "namespace": name, **(metadata or {})},
         "spec": {
             "model": {"storageUri": "hf://cloudflare/clef-flash-fp8", "name": "clef-flash"},
             "nodePools": {"labelKey": LABEL_KEY, "include": pools},
@@ -40,10 +46,10 @@ def decision(name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
     }
 
 
-def start(kube: Kube, name: str, pools: list[str], **spec: Any) -> None:
+def start(kube: Kube, name: str, pools: list[str], metadata: dict[str, Any] | None = None, **spec: Any) -> None:
     """Create the scenario's namespace and ClefDecision."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kube.apply(decision(name, pools, **spec))
+    kube.apply(decision(name, pools, metadata, **spec))
 
 
 def get_decision(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -64,14 +70,21 @@ def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
     return pool_status(get_decision(kube, name))[pool]
 
 
-def serving_pool(kube: Kube, nodes_to_remove: list[str], name: str, pool_name: str, **spec: Any) -> GpuPool:
+def serving_pool(
+    kube: Kube,
+    nodes_to_remove: list[str],
+    name: str,
+    pool_name: str,
+    metadata: dict[str, Any] | None = None,
+    **spec: Any,
+) -> GpuPool:
     """One Hopper node in a pool of its own, and a ClefDecision ``name`` (in a namespace of that name) serving it
     with ``spec``'s fields; returns once the pool's predictor runs Ready on the node. The node is removed after the
     test."""
     pool = hopper(pool_name)
     kube.apply(pool.node(0))
     nodes_to_remove.append(pool.node_name(0))
-    start(kube, name, [pool_name], **spec)
+    start(kube, name, [pool_name], metadata, **spec)
     wait_serving(kube, name, pool_name)
     return pool
 
@@ -100,6 +113,28 @@ def test_node_joins_before_gfd_labels_it(kube: Kube, operator: Operator, nodes_t
     kube.run("label", "node", pool.node_name(0), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
     entry = wait_serving(kube, "life-late", "late")
     assert entry["reason"] == "Eligible" and entry["gpu"]["computeCapability"] == "9.0"
+    # A second node joins the serving pool before GFD labels it: the pool keeps serving, nothing is rewritten.
+    isvc = kube.get("inferenceservice", "life-late-late", "life-late")
+    kube.apply(pool.node(1, gfd=False))
+    nodes_to_remove.append(pool.node_name(1))
+    eventually(
+        lambda: (e := pool_status(get_decision(kube, "life-late")).get("late")) and e["nodes"] == 2 and e,
+        "the unlabelled node in the pool's status",
+    )
+    assert pool_status(get_decision(kube, "life-late"))["late"]["state"] == "Serving"
+    kube.run("label", "node", pool.node_name(1), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
+    entry = eventually(
+        lambda: (
+            (e := pool_status(get_decision(kube, "life-late")).get("late"))
+            and e["message"] == "compute capability 9.0 meets the required 8.9"
+            and e
+        ),
+        "the labelled node to be read",
+    )
+    assert entry["state"] == "Serving" and entry["nodes"] == 2, entry
+    after = kube.get("inferenceservice", "life-late-late", "life-late")
+    assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
+    assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
 
 
 def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
@@ -116,10 +151,23 @@ def test_node_replaced_keeps_the_predictor(kube: Kube, operator: Operator, nodes
         ),
         "the pool to be Degraded",
     )
-    assert degraded["reason"] == "NoNodes" and "removalAt" in degraded
-    kube.apply(pool.node(1))
+    assert degraded["reason"] == "NoNodes" and degraded["inferenceService"] == "life-replaced-replaced", degraded
+    assert degraded["removalAt"] > degraded["degradedSince"], degraded
+    # The replacement joins before GPU Feature Discovery labels it: still Degraded, then serving once labelled.
+    kube.apply(pool.node(1, gfd=False))
+    eventually(
+        lambda: (
+            (pool_status(get_decision(kube, "life-replaced")).get("replaced") or {}).get("reason") == "MissingGPULabels"
+        ),
+        "the unlabelled replacement to be read",
+    )
+    assert pool_status(get_decision(kube, "life-replaced"))["replaced"]["state"] == "Degraded"
+    kube.run("label", "node", pool.node_name(1), *[f"{k}={v}" for k, v in pool.gfd_labels().items()])
     entry = wait_serving(kube, "life-replaced", "replaced")
-    assert entry["state"] == "Serving" and "removalAt" not in entry
+    assert entry["state"] == "Serving" and entry["reason"] == "Eligible", entry
+    assert "removalAt" not in entry and "degradedSince" not in entry, entry
+    reasons = {e["reason"] for e in kube.get("events", namespace="life-replaced")}
+    assert "PoolDegraded" in reasons and "InferenceServiceDeleted" not in reasons, reasons
     after = kube.get("inferenceservice", "life-replaced-replaced", "life-replaced")
     assert after["metadata"]["uid"] == isvc["metadata"]["uid"], "the InferenceService was recreated"
     assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
@@ -163,42 +211,81 @@ def test_pool_emptied_and_refilled(kube: Kube, operator: Operator, nodes_to_remo
     assert after["metadata"]["generation"] == isvc["metadata"]["generation"], "its spec was rewritten"
 
 
-def test_operator_killed_mid_reconcile_converges(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
-    pools = [hopper(f"kill-{i}") for i in range(3)]
-    for pool in pools:
-        kube.apply(pool.node(0))
-        nodes_to_remove.append(pool.node_name(0))
+def test_operator_killed_at_twenty_random_moments_converges(
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
+    """SIGKILL the operator at 20 random moments while nodes come and go and two ClefDecisions change: the same
+    state as an operator never killed would reach, with no InferenceService duplicated, orphaned or left over."""
+    rng = random.Random(20261130)
+    ns = "life-kill"
+    stay, shared, comes_and_goes = hopper("kill-0"), hopper("kill-1"), hopper("kill-2")
+    kube.apply(stay.node(0), shared.node(0))
+    nodes_to_remove.extend([stay.node_name(0), stay.node_name(1), shared.node_name(0), comes_and_goes.node_name(0)])
     operator.kill()
-    start(kube, "life-kill", [p.name for p in pools])
+    # Every pool of the label key (an included pool without nodes would keep the ClefDecision from being Ready).
+    start(kube, ns, [], nodePools={"labelKey": LABEL_KEY, "removalGracePeriod": "2s"})
+    kube.apply(decision("life-kill-other", [shared.name], metadata={"namespace": ns}))
+    patch = partial(kube.run, "patch", "clefdecision", ns, "-n", ns, "--type=merge", "-p")
+    changes = [
+        lambda: kube.apply(comes_and_goes.node(0)),
+        lambda: patch('{"spec": {"predictor": {"maxModelLen": 4096}}}'),
+        lambda: remove_nodes(kube, comes_and_goes.node_name(0)),
+        lambda: patch('{"spec": {"gpusPerReplica": 2}}'),
+        lambda: kube.apply(stay.node(1, gfd=False)),
+    ]
+    for kill in range(20):
+        if kill % 4 == 0 and changes:
+            changes.pop(0)()
+        operator.start()
+        time.sleep(rng.uniform(0.5, 4.0))
+        operator.kill()
     operator.start()
-    eventually(lambda: kube.get("inferenceservices", namespace="life-kill"), "a first InferenceService", timeout=60)
+    expected = {f"{ns}-{stay.name}", f"{ns}-{shared.name}", f"life-kill-other-{shared.name}"}
+
+    def converged() -> dict[str, Any] | None:
+        isvcs = {i["metadata"]["name"]: i for i in kube.get("inferenceservices", namespace=ns)}
+        entries = pool_status(get_decision(kube, ns))
+        done = set(isvcs) == expected and set(entries) == {stay.name, shared.name}
+        return isvcs if done and entries[stay.name]["nodes"] == 2 else None
+
+    isvcs = eventually(converged, "the InferenceServices and pools of the final specs", timeout=120)
+    for pool in (stay.name, shared.name):
+        wait_serving(kube, ns, pool)
+        (container,) = isvcs[f"{ns}-{pool}"]["spec"]["predictor"]["containers"]
+        assert "--max-model-len=4096" in container["args"], container["args"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] in (2, "2"), container["resources"]
+    owners = sorted(
+        (ref["name"], bool(ref.get("controller"))) for i in isvcs.values() for ref in i["metadata"]["ownerReferences"]
+    )
+    assert owners == [(ns, True), (ns, True), ("life-kill-other", True)], owners  # no duplicates, no orphans
+    assert not get_decision(kube, ns)["metadata"].get("finalizers")
+    # The state reached is the operator's own: one more restart changes no InferenceService's spec.
+    generations = {name: isvc["metadata"]["generation"] for name, isvc in isvcs.items()}
     operator.kill()
     operator.start()
-    for pool in pools:
-        wait_serving(kube, "life-kill", pool.name)
-    isvcs = kube.get("inferenceservices", namespace="life-kill")
-    assert sorted(i["metadata"]["name"] for i in isvcs) == [f"life-kill-kill-{i}" for i in range(3)]
+    time.sleep(10)  # the restarted operator's first pass (a few seconds) would rewrite a drifted spec meanwhile
+    after = {i["metadata"]["name"]: i["metadata"]["generation"] for i in kube.get("inferenceservices", namespace=ns)}
+    assert after == generations
 
 
 def test_hand_edit_is_reverted(kube: Kube, operator: Operator, nodes_to_remove: list[str]) -> None:
     serving_pool(kube, nodes_to_remove, "life-edit", "edited")
     name = "life-edit-edited"
-    kube.run(
-        "patch",
-        "inferenceservice",
-        name,
-        "-n",
-        "life-edit",
-        "--type=merge",
-        "-p",
-        '{"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}',
-    )
+    before = kube.get("inferenceservice", name, "life-edit")
+    container = copy.deepcopy(before["spec"]["predictor"]["containers"][0])
+    container["args"].append("--max-num-seqs=1")
+    edit = {
+        "metadata": {"labels": {"team": "ml"}},
+        "spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3, "containers": [container]}},
+    }
+    kube.run("patch", "inferenceservice", name, "-n", "life-edit", "--type=merge", "-p", json.dumps(edit))
 
-    def reverted() -> bool:
-        predictor = kube.get("inferenceservice", name, "life-edit")["spec"]["predictor"]
-        return predictor.get("minReplicas") == 1 and predictor.get("maxReplicas") == 1
+    def reverted() -> dict[str, Any] | None:
+        now = kube.get("inferenceservice", name, "life-edit")
+        return now if now["spec"] == before["spec"] else None
 
-    eventually(reverted, "the operator to revert the hand edit")
+    after = eventually(reverted, "the operator to revert the hand edit")
+    assert after["metadata"]["labels"]["team"] == "ml", "what others add to metadata stays"
     eventually(
         lambda: (
             len(pods_of(kube, name, "life-edit")) == 1
@@ -231,7 +318,12 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(
 def test_decision_deleted_while_the_operator_is_down(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
-    serving_pool(kube, nodes_to_remove, "life-down", "orphan")
+    # The finalizer an older operator (with a per-object resync timer) added: kopf drops it, nothing needs it.
+    legacy = {"finalizers": ["kopf.zalando.org/KopfFinalizerMarker"]}
+    serving_pool(kube, nodes_to_remove, "life-down", "orphan", metadata=legacy)
+    eventually(
+        lambda: not get_decision(kube, "life-down")["metadata"].get("finalizers"), "the old finalizer to be dropped"
+    )
     operator.stop()
     try:
         kube.run("delete", "clefdecision", "life-down", "-n", "life-down", "--wait=true", DELETE_WAIT)

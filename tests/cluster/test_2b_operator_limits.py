@@ -15,10 +15,11 @@ import yaml
 from clef_operator.diffbase import DIGEST_PREFIX
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
-from tests.cluster.kube import DELETE_WAIT, Kube, Operator, eventually
+from tests.cluster.kube import DELETE_WAIT, Kube, Operator
 from tests.cluster.test_2_cluster_life import decision, get_decision, hopper, serving_pool, start, wait_serving
+from tests.cluster.validation_cases import BASE, INVALID, VALID, operator_errors
 from tests.operator.test_size_limits import LAST_HANDLED, largest_spec
-from tests.operator.validation_cases import BASE, INVALID, VALID, operator_errors
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 nodes_to_remove = test_2_cluster_life.nodes_to_remove  # the fixture: nodes a scenario added, deleted after it
@@ -102,7 +103,8 @@ def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts
         ),
         "kopf's diff base to be stored",
     )
-    assert annotations[LAST_HANDLED].startswith(DIGEST_PREFIX)
+    stored = annotations[LAST_HANDLED]
+    assert stored.startswith(DIGEST_PREFIX) and len(stored) == len(DIGEST_PREFIX) + 64, stored
     assert len(json.dumps(annotations)) < 1024, annotations
     kube.run(
         "patch", "clefdecision", "limits-large", "-n", "limits-large", "--type=merge", "-p", '{"spec": {"replicas": 2}}'
@@ -111,6 +113,11 @@ def test_largest_accepted_spec_yields_an_inferenceservice_the_api_server_accepts
         lambda: kube.get("inferenceservice", name, "limits-large")["spec"]["predictor"].get("minReplicas") == 2,
         "a later spec change to be applied",
     )
+    changed = eventually(
+        lambda: (now := get_decision(kube, "limits-large")["metadata"]["annotations"][LAST_HANDLED]) != stored and now,
+        "kopf's diff base to follow the change",
+    )
+    assert changed.startswith(DIGEST_PREFIX), changed
 
 
 def owners(kube: Kube, name: str, namespace: str) -> list[tuple[str, bool]]:
@@ -136,6 +143,7 @@ def test_stripped_owner_reference_is_restored_and_the_child_is_collected(
     assert eventually(lambda: owners(kube, name, "limits-adopt"), "the owner reference to be restored", timeout=10) == [
         ("limits-adopt", True)
     ]
+    assert pool_status(get_decision(kube, "limits-adopt"))["adopt"]["state"] == "Serving"
     kube.run("delete", "clefdecision", "limits-adopt", "-n", "limits-adopt", "--wait=true", DELETE_WAIT)
     gone = ("inferenceservices", "deployments", "pods")
     eventually(
@@ -188,6 +196,9 @@ def test_taken_name_is_said_once_and_freed_by_the_holders_deletion(
         return pool_status(get_decision(kube, ns)).get(pool, {}).get("state")
 
     eventually(lambda: state("taken") == "Conflict", "the pool to say Conflict")
+    entry = pool_status(get_decision(kube, ns))["taken"]
+    assert entry["predictorReason"] == "NameTaken", entry
+    assert "not owned by this ClefDecision" in entry["predictorMessage"], entry
     # One Warning for the pool and one for the Ready condition it turns False.
     warned = eventually(lambda: len(events := name_taken_events(kube, ns)) == 2 and events, "two NameTaken Events")
     refusals = isvc_create_refusals(kube)

@@ -15,9 +15,10 @@ from clef_cluster.processes import stop
 from clef_operator.constants import DECISION_LABEL, PEERING_LIFETIME, POOL_ANNOTATION
 from tests.cluster import test_2_cluster_life
 from tests.cluster.helpers import pool_status
-from tests.cluster.kube import Kube, Operator, eventually
+from tests.cluster.kube import Kube, Operator
 from tests.cluster.test_2_cluster_life import get_decision, serving_pool
 from tests.cluster.test_2b_operator_limits import isvc_create_refusals
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 nodes_to_remove = test_2_cluster_life.nodes_to_remove  # the fixture: nodes a scenario added, deleted after it

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.helpers import DECISION_LABEL, FP8_POOLS, is_ready, pod_ready, pods_of
-from tests.cluster.kube import CHART, DELETE_WAIT, README_NS, RELEASE, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import CHART, DELETE_WAIT, README_NS, RELEASE, SYSTEM_NS, Kube, Operator
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 

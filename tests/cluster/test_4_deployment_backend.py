@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from clef_cluster.cluster import Cluster, down, up
 from tests.cluster.helpers import (
     DECISION_LABEL,
     FP8_POOLS,
@@ -26,7 +25,16 @@ from tests.cluster.helpers import (
     pod_ready,
 )
 from tests.cluster.helpers import pool_status as pools_of
-from tests.cluster.kube import CHART, README_NS, RELEASE, REPO, SYSTEM_NS, Kube, Operator, eventually
+from tests.cluster.kube import (
+    README_NS,
+    REPO,
+    Kube,
+    Operator,
+    cluster_for,
+    install_chart,
+    operator_for,
+)
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -42,26 +50,16 @@ KEDA_CRD = REPO / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 def bare_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     """A cluster of its own without KServe (controller and CRDs) and without the real node (its pool would get a
     share of the README's ClefDecision, whose requests do not fit its 2 CPUs), kubectl/helm as its admin."""
-    folder = tmp_path_factory.mktemp("cluster-without-kserve")
-    running: Cluster = up(folder, with_kserve=False, with_node=False)
-    try:
+    with cluster_for(tmp_path_factory, "cluster-without-kserve", with_kserve=False, with_node=False) as running:
         yield Kube(running)
-    finally:
-        down(folder)
 
 
 @pytest.fixture(scope="module")
 def bare_operator(bare_kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     """The chart installed with its default values, and the operator running with its ServiceAccount's token."""
-    bare_kube.helm(
-        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=3m"
-    )
-    running = Operator(bare_kube, tmp_path_factory.mktemp("operator-without-kserve"))
-    running.start()
-    try:
+    install_chart(bare_kube)
+    with operator_for(bare_kube, tmp_path_factory.mktemp("operator-without-kserve")) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -24,12 +24,13 @@ import pytest
 import yaml
 
 from clef_cluster import netns, node
-from clef_cluster.cluster import KUBERNETES_SERVICE_IP, Cluster, down, up
+from clef_cluster.cluster import KUBERNETES_SERVICE_IP, Cluster, down
 from clef_cluster.nodes import REAL_POOL
 from clef_operator.pools import evaluate_pool, group_into_pools, summarize_node
 from clef_operator.spec import parse_spec
 from tests.cluster.helpers import is_ready
-from tests.cluster.kube import EXAMPLE, Kube, eventually
+from tests.cluster.kube import EXAMPLE, Kube, cluster_for
+from tests.polling import eventually
 
 APP = "echo"
 PORT = 8080
@@ -39,12 +40,8 @@ OUTSIDE = "203.0.113.1:80"  # TEST-NET-3 (RFC 5737): documentation only, never a
 @pytest.fixture(scope="module")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A control plane and the real node (no KServe, no fake pools)."""
-    folder = tmp_path_factory.mktemp("node-cluster")
-    running = up(folder, with_kserve=False, with_nodes=False, with_node=True)
-    try:
+    with cluster_for(tmp_path_factory, "node-cluster", with_kserve=False, with_nodes=False, with_node=True) as running:
         yield running
-    finally:
-        down(folder)
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,14 @@ import httpx
 import pytest
 
 from clef_cluster import images, node
-from clef_cluster.cluster import Cluster, down, up
+from clef_cluster.cluster import Cluster
 from clef_cluster.storage import MODELS_CLAIM, make_volume_folders, namespace_with_claims
 from clef_contract.container import CONTAINER_NAME
 from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
 from predictor.demo import demo_release
 from tests.cluster.helpers import condition, is_ready, pods_of, pool_status
-from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube, eventually
+from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube, cluster_for
+from tests.polling import eventually
 
 NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision-real-node.yaml"
@@ -45,12 +46,8 @@ API_KEY = "sk-real-node-test"
 @pytest.fixture(scope="module")
 def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A control plane with KServe and the real node (no fake pools)."""
-    folder = tmp_path_factory.mktemp("e2e-cluster")
-    running = up(folder, with_kserve=True, with_nodes=False, with_node=True)
-    try:
+    with cluster_for(tmp_path_factory, "e2e-cluster", with_kserve=True, with_nodes=False, with_node=True) as running:
         yield running
-    finally:
-        down(folder)
 
 
 @pytest.fixture(scope="module")

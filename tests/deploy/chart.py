@@ -12,14 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.crd_schema import KSERVE_CRDS
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "clef-serving"
-CLEF_CRD = CHART / "crds" / "clefdecisions.yaml"
 ALL_ON_VALUES = pathlib.Path(__file__).resolve().parent / "values-all-on.yaml"
 HELM = pathlib.Path(os.environ.get("HELM", REPO / ".venv" / "bin" / "helm"))
-# KServe ships its CRDs only in its release YAML (its Python package, 0.21 for the predictor, has none): the tests
-# read a copy of KServe v0.20.0's CRDs kept in the repository (tests/data/kserve-crds/README.md).
-KSERVE_CRDS = REPO / "tests" / "data" / "kserve-crds"
 RELEASE = "clef-serving"
 NAMESPACE = "clef-system"
 

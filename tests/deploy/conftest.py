@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kmock._internal import parsing as kmock_parsing
 
+from tests.crd_schema import CLEF_CRD
 from tests.deploy.chart import (
     ALL_ON_VALUES,
-    CLEF_CRD,
     REPO,
     load_kserve_crds,
     load_yaml_objects,

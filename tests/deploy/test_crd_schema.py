@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy import crd_schema
+from tests import crd_schema
 
 CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",

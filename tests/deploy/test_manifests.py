@@ -34,6 +34,19 @@ def test_manifests_match_the_chart(renderer: ModuleType, tmp_path: pathlib.Path)
     assert drift == "", f"manifests/ is stale; run `.venv/bin/python scripts/render_manifests.py`:\n{drift}"
 
 
+def test_the_charts_crd_is_rendered_from_the_spec_model(renderer: ModuleType) -> None:
+    drift = renderer.crd_drift()
+    assert drift == "", f"the chart's CRD is stale; run `.venv/bin/python scripts/render_manifests.py`:\n{drift}"
+
+
+def test_crd_drift_names_a_hand_edit(renderer: ModuleType, tmp_path: pathlib.Path) -> None:
+    edited = tmp_path / "clefdecisions.yaml"
+    chart_crd = REPO / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml"
+    edited.write_text(chart_crd.read_text().replace("maximum: 1000", "maximum: 2000", 1))
+    drift = renderer.crd_drift(edited)
+    assert "-  " in drift and "maximum: 2000" in drift and "maximum: 1000" in drift
+
+
 def test_manifests_are_the_default_release_plus_its_namespace(rendered_default: list[dict[str, Any]]) -> None:
     files = sorted(MANIFESTS.glob("*.yaml"))
     objects = [obj for path in files for obj in load_yaml_objects(path)]

@@ -10,7 +10,7 @@ import pytest
 from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import GpuNode, NodePool
 from clef_operator.spec import parse_spec
-from tests.deploy import crd_schema
+from tests import crd_schema
 from tests.deploy.chart import REPO, load_yaml_objects
 
 POOL_KEY = "cloud.google.com/gke-nodepool"

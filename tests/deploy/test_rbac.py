@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from clef_operator.constants import DECISION_LABEL
+from tests.crd_schema import clef_crd
 from tests.deploy.chart import CHART, load_yaml_objects, render_chart
 from tests.operator.emulator import ClusterEmulator, rbac_triples
 from tests.operator.harness import (
@@ -29,14 +30,13 @@ from tests.operator.harness import (
     ISVCS,
     KSERVE_CRD,
     NODES,
-    Cluster,
-    clef_crd,
+    EmulatedCluster,
     documented_rbac,
-    eventually,
     fast_settings,
     gpu_node,
     write_kubeconfig,
 )
+from tests.polling import eventually_async
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
@@ -101,7 +101,7 @@ async def operator_as_deployed(args: list[str]) -> AsyncIterator[None]:
         await asyncio.wait_for(task, timeout=15)
 
 
-async def run_scenario(cluster: Cluster) -> None:
+async def run_scenario(cluster: EmulatedCluster) -> None:
     """Pools appear and vanish; a ClefDecision is created, served, changed, then deleted; then the same for one
     served by the deployment backend."""
     decisions = DECISIONS.format(ns=NS)
@@ -137,7 +137,7 @@ async def run_scenario(cluster: Cluster) -> None:
             },
         },
     )
-    await eventually(lambda: is_(["clef-h100-pool"]))
+    await eventually_async(lambda: is_(["clef-h100-pool"]))
     # A name held by someone else: the operator reads who holds it, and takes it once it is freed.
     await cluster.create(
         isvcs,
@@ -154,13 +154,13 @@ async def run_scenario(cluster: Cluster) -> None:
         status = (await cluster.get(f"{decisions}/clef")).get("status") or {}
         return any(pool.get("state") == "Conflict" for pool in status.get("pools", []))
 
-    await eventually(conflict_reported)
+    await eventually_async(conflict_reported)
     await cluster.delete(f"{isvcs}/clef-b200-pool")
-    await eventually(lambda: _owned(cluster, f"{isvcs}/clef-b200-pool"))
+    await eventually_async(lambda: _owned(cluster, f"{isvcs}/clef-b200-pool"))
     await cluster.delete(f"{NODES}/b200-a")
-    await eventually(lambda: is_(["clef-h100-pool"]))
+    await eventually_async(lambda: is_(["clef-h100-pool"]))
     await cluster.create(NODES, gpu_node("l4-a", "l4-pool", product="NVIDIA-L4", major=8, minor=9, gpus=4))
-    await eventually(lambda: is_(["clef-h100-pool", "clef-l4-pool"]))
+    await eventually_async(lambda: is_(["clef-h100-pool", "clef-l4-pool"]))
     for name in ("clef-h100-pool", "clef-l4-pool"):
         await cluster.merge(
             f"{isvcs}/{name}/status",
@@ -171,17 +171,17 @@ async def run_scenario(cluster: Cluster) -> None:
                 }
             },
         )
-    await eventually(ready)
+    await eventually_async(ready)
     await cluster.merge(f"{decisions}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
-    await eventually(all_updated)
+    await eventually_async(all_updated)
     await cluster.delete(f"{NODES}/l4-a")
-    await eventually(lambda: is_(["clef-h100-pool"]))
+    await eventually_async(lambda: is_(["clef-h100-pool"]))
     await cluster.delete(f"{decisions}/clef")
-    await eventually(lambda: is_([]))
+    await eventually_async(lambda: is_([]))
     await run_deployment_backend_scenario(cluster)
 
 
-async def run_deployment_backend_scenario(cluster: Cluster) -> None:
+async def run_deployment_backend_scenario(cluster: EmulatedCluster) -> None:
     """The deployment backend: a name held by someone else's Deployment, then a Deployment, Service and
     HorizontalPodAutoscaler created, repaired and changed, KEDA installed and the autoscaler replaced by a
     ScaledObject, which is changed and dropped, the pool's objects removed."""
@@ -236,42 +236,42 @@ async def run_deployment_backend_scenario(cluster: Cluster) -> None:
         status = (await cluster.get(f"{decisions}/dep")).get("status") or {}
         return any(pool.get("state") == "Conflict" for pool in status.get("pools", []))
 
-    await eventually(conflict_reported)
+    await eventually_async(conflict_reported)
     await cluster.delete(f"{paths['Deployment']}/dep-h100-pool")
     for kind in paths:
-        await eventually(lambda kind=kind: holds(kind))
+        await eventually_async(lambda kind=kind: holds(kind))
     await cluster.merge(f"{paths['Service']}/dep-h100-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
     # A hand-edited decision label hides a companion from the list by that label: its create is refused, and
     # the holder read (`get`) and repaired.
     for kind in ("Service", "HorizontalPodAutoscaler"):
         await cluster.merge(f"{paths[kind]}/dep-h100-pool", {"metadata": {"labels": {DECISION_LABEL: "x"}}})
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"maxReplicas": 3}}})
-    await eventually(lambda: holds("HorizontalPodAutoscaler", lambda obj: obj["spec"]["maxReplicas"] == 3))
-    await eventually(lambda: holds("Service", lambda obj: obj["spec"]["ports"][0]["port"] == 80))
+    await eventually_async(lambda: holds("HorizontalPodAutoscaler", lambda obj: obj["spec"]["maxReplicas"] == 3))
+    await eventually_async(lambda: holds("Service", lambda obj: obj["spec"]["ports"][0]["port"] == 80))
     for kind in ("Service", "HorizontalPodAutoscaler"):
-        await eventually(lambda kind=kind: holds(kind, labelled))
+        await eventually_async(lambda kind=kind: holds(kind, labelled))
     await cluster.install_keda()
     keda = {"serverAddress": "http://prometheus:9090", "target": "4"}
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": keda}}})
-    await eventually(lambda: holds("ScaledObject"))
-    await eventually(lambda: gone("HorizontalPodAutoscaler"))
+    await eventually_async(lambda: holds("ScaledObject"))
+    await eventually_async(lambda: gone("HorizontalPodAutoscaler"))
     await cluster.merge(f"{scaled_objects}/dep-h100-pool", {"metadata": {"labels": {DECISION_LABEL: "x"}}})
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": {"keda": {"target": "8"}}}})
 
     def threshold(obj: dict[str, Any]) -> bool:
         return bool(obj["spec"]["triggers"][0]["metadata"]["threshold"] == "8")
 
-    await eventually(lambda: holds("ScaledObject", lambda obj: threshold(obj) and labelled(obj)))
+    await eventually_async(lambda: holds("ScaledObject", lambda obj: threshold(obj) and labelled(obj)))
     await cluster.merge(f"{decisions}/dep", {"spec": {"autoscaling": None, "replicas": 2}})
-    await eventually(lambda: holds("Deployment", lambda obj: obj["spec"].get("replicas") == 2))
-    await eventually(lambda: gone("ScaledObject"))
+    await eventually_async(lambda: holds("Deployment", lambda obj: obj["spec"].get("replicas") == 2))
+    await eventually_async(lambda: gone("ScaledObject"))
     await cluster.delete(f"{NODES}/h100-a")
-    await eventually(lambda: gone("Deployment"))
-    await eventually(lambda: gone("Service"))
+    await eventually_async(lambda: gone("Deployment"))
+    await eventually_async(lambda: gone("Service"))
     await cluster.delete(f"{decisions}/dep")
 
 
-async def _owned(cluster: Cluster, path: str) -> bool:
+async def _owned(cluster: EmulatedCluster, path: str) -> bool:
     items = [i for i in await cluster.items(path.rsplit("/", 1)[0]) if i["metadata"]["name"] == path.rsplit("/", 1)[1]]
     return bool(items and items[0]["metadata"].get("ownerReferences"))
 
@@ -320,7 +320,7 @@ def operator_args(objects: list[dict[str, Any]]) -> list[str]:
 )
 async def test_rbac_allows_every_call_and_nothing_more(emulator: ClusterEmulator, sets: list[str]) -> None:
     objects = render_chart(sets=sets)
-    cluster = Cluster(emulator)
+    cluster = EmulatedCluster(emulator)
     await cluster.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     for peering in [o for o in objects if o["kind"] in ("ClusterKopfPeering", "KopfPeering")]:
         await cluster.create(peering_path(peering), peering)

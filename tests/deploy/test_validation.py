@@ -2,7 +2,7 @@
 
 Built-in kinds go through the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields
 fail) for the oldest Kubernetes the chart supports and the newest the schemas know; custom resources
-go through their CRD's openAPIV3Schema (tests/deploy/crd_schema.py).
+go through their CRD's openAPIV3Schema (tests/crd_schema.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from tests.deploy import crd_schema
+from tests import crd_schema
 from tests.deploy.chart import ALL_ON_VALUES, CHART, REPO, load_kserve_crds, load_yaml_objects, render_chart
 
 OLDEST_KUBERNETES = re.search(r">=\s*(\d+\.\d+)", (CHART / "Chart.yaml").read_text()).group(1)  # type: ignore[union-attr]

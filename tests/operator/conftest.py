@@ -9,8 +9,9 @@ import kmock
 import pytest
 import pytest_asyncio
 
+from tests.crd_schema import clef_crd
 from tests.operator.emulator import ClusterEmulator
-from tests.operator.harness import KSERVE_CRD, Cluster, clef_crd, write_kubeconfig
+from tests.operator.harness import KSERVE_CRD, EmulatedCluster, write_kubeconfig
 
 
 @pytest.fixture(scope="session")
@@ -38,13 +39,13 @@ async def emulator(
 
 
 @pytest.fixture
-def cluster(emulator: ClusterEmulator) -> Cluster:
+def cluster(emulator: ClusterEmulator) -> EmulatedCluster:
     """A test-side client of the emulator, with KServe installed."""
     emulator.add_crd(KSERVE_CRD)
-    return Cluster(emulator)
+    return EmulatedCluster(emulator)
 
 
 @pytest.fixture
-def bare_cluster(emulator: ClusterEmulator) -> Cluster:
+def bare_cluster(emulator: ClusterEmulator) -> EmulatedCluster:
     """A test-side client of the emulator, without KServe."""
-    return Cluster(emulator)
+    return EmulatedCluster(emulator)

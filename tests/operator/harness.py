@@ -5,19 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import kopf
 import yaml
 
+from tests.crd_schema import KEDA_CRD, load_crd
 from tests.operator.emulator import ClusterEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml"
-# KEDA's ScaledObject CRD, kept in the repository (tests/data/keda-crds/README.md).
-KEDA_CRD_PATH = ROOT / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 OPERATOR_DOC = ROOT / "docs" / "operator.md"
 DECISIONS = "/apis/clef-serving.io/v1alpha1/namespaces/{ns}/clefdecisions"
 ISVCS = "/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices"
@@ -85,16 +83,6 @@ def documented_rbac(path: Path = OPERATOR_DOC) -> set[tuple[str, str, str]]:
     return triples
 
 
-def clef_crd() -> dict[str, Any]:
-    """The project's ClefDecision CRD manifest."""
-    return yaml.safe_load(CRD_PATH.read_text())
-
-
-def keda_crd() -> dict[str, Any]:
-    """KEDA's ScaledObject CRD manifest."""
-    return yaml.safe_load(KEDA_CRD_PATH.read_text())
-
-
 def write_kubeconfig(path: Path, server: str) -> Path:
     """A kubeconfig pointing at the emulator."""
     path.write_text(
@@ -152,7 +140,7 @@ def gpu_node(
     }
 
 
-class Cluster:
+class EmulatedCluster:
     """Test-side client of the emulator (requests carry kmock's own User-Agent)."""
 
     def __init__(self, emulator: ClusterEmulator) -> None:
@@ -193,24 +181,9 @@ class Cluster:
 
     async def install_keda(self) -> None:
         """Register KEDA's ScaledObject resource and announce its CRD (as installing KEDA does)."""
-        crd = keda_crd()
+        crd = load_crd(KEDA_CRD)
         self.emulator.add_crd(crd)
         await self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-
-
-async def eventually(check: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05) -> Any:
-    """Await ``check()`` until it returns a truthy value (or an awaitable of one); fail after ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if asyncio.iscoroutine(last):
-            last = await last
-        if last:
-            return last
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s; last value: {last!r}")
-        await asyncio.sleep(interval)
 
 
 @contextlib.asynccontextmanager

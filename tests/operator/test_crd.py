@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from clef_operator.spec import ClefDecisionSpec, parse_spec
-from tests.operator.harness import CRD_PATH
-from tests.operator.schema import crd_validator, errors, load_crd
+from tests.crd_schema import KEDA_CRD, KSERVE_ISVC_CRD, clef_crd, crd_validator, errors, load_crd
 
-ROOT = Path(__file__).resolve().parents[2]
-# KServe v0.20.0's InferenceService CRD, kept in the repository (tests/data/kserve-crds/README.md).
-KSERVE_CRD = ROOT / "tests" / "data" / "kserve-crds" / "serving.kserve.io_inferenceservices.yaml"
-# KEDA v2.17.2's ScaledObject CRD (tests/data/keda-crds/README.md).
-KEDA_CRD = ROOT / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 EXAMPLE = {
     "apiVersion": "clef-serving.io/v1alpha1",
     "kind": "ClefDecision",
@@ -41,7 +34,7 @@ EXAMPLE = {
 
 @pytest.fixture(scope="module")
 def crd() -> dict[str, Any]:
-    return load_crd(CRD_PATH)
+    return clef_crd()
 
 
 def test_names_scope_and_columns(crd: dict[str, Any]) -> None:
@@ -141,7 +134,7 @@ def test_built_inferenceservices_match_kserve_schema() -> None:
     from clef_operator.kserve_backend import Placement, build_inferenceservice
     from clef_operator.pools import NodePool
 
-    validator = crd_validator(load_crd(KSERVE_CRD), "v1beta1")
+    validator = crd_validator(load_crd(KSERVE_ISVC_CRD), "v1beta1")
     for spec in (EXAMPLE["spec"], {"model": {"storageUri": "pvc://models/clef"}, "deploymentMode": "Knative"}):
         body = build_inferenceservice(
             Placement(

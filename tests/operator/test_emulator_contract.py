@@ -10,7 +10,7 @@ import attrs
 import kmock
 from kmock._internal import enums, references, rendering
 
-from tests.operator.harness import NODES, Cluster
+from tests.operator.harness import NODES, EmulatedCluster
 
 KMOCK_VERSION = "0.8"  # the dev extra pins it exactly (pyproject.toml)
 
@@ -37,7 +37,7 @@ def test_the_emulator_state_it_reads_is_declared() -> None:
     assert {"_requests", "_objects", "_lock", "_buses"} <= fields
 
 
-async def test_kmock_dispatches_from_the_requests_in_flight_and_history_keeps_all(cluster: Cluster) -> None:
+async def test_kmock_dispatches_from_the_requests_in_flight_and_history_keeps_all(cluster: EmulatedCluster) -> None:
     """kmock finds each request's reaction by scanning the root's requests (its iteration: ``_requests``); the
     emulator leaves there only those in flight, so that scan stays short, and keeps every request in ``history``."""
     await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
@@ -49,7 +49,7 @@ async def test_kmock_dispatches_from_the_requests_in_flight_and_history_keeps_al
     assert emulator.served_requests()[-1] == ("GET", f"{NODES}/n1")
 
 
-async def test_lists_apply_label_selectors_as_the_api_server_does(cluster: Cluster) -> None:
+async def test_lists_apply_label_selectors_as_the_api_server_does(cluster: EmulatedCluster) -> None:
     """kmock lists every object whatever the selector; the operator deletes unowned objects it lists by its label, so
     the emulator filters as kube-apiserver does (equality terms; set-based terms fail the test instead)."""
     for name, labels in (("n1", {"pool": "a", "zone": "x"}), ("n2", {"pool": "b"}), ("n3", {})):

@@ -17,14 +17,14 @@ from tests.operator.harness import (
     ISVCS,
     KSERVE_CRD,
     NODES,
-    Cluster,
+    EmulatedCluster,
     documented_rbac,
-    eventually,
     fast_settings,
     gpu_node,
     running_operator,
 )
 from tests.operator.rbac_record import RECORD_ENV
+from tests.polling import eventually_async
 
 NS = "ml"
 DECISION = "clef"
@@ -49,12 +49,12 @@ def decision(**spec: Any) -> dict[str, Any]:
     }
 
 
-async def isvc_names(cluster: Cluster) -> list[str]:
+async def isvc_names(cluster: EmulatedCluster) -> list[str]:
     """Names of the InferenceServices in the namespace."""
     return sorted(item["metadata"]["name"] for item in await cluster.items(ISVCS.format(ns=NS)))
 
 
-async def status(cluster: Cluster) -> dict[str, Any]:
+async def status(cluster: EmulatedCluster) -> dict[str, Any]:
     """The ClefDecision's status."""
     return (await cluster.get(f"{DECISIONS.format(ns=NS)}/{DECISION}")).get("status") or {}
 
@@ -64,7 +64,7 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
 
-async def seed_three_pools(cluster: Cluster) -> None:
+async def seed_three_pools(cluster: EmulatedCluster) -> None:
     """An H100 pool (2 nodes), an L4 pool and an A100 pool."""
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(NODES, gpu_node("h100-b", "h100-pool", **H100))
@@ -73,7 +73,7 @@ async def seed_three_pools(cluster: Cluster) -> None:
     await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-a"}})
 
 
-async def mark_ready(cluster: Cluster, name: str) -> None:
+async def mark_ready(cluster: EmulatedCluster, name: str) -> None:
     """Let KServe report an InferenceService Ready (via its status subresource)."""
     await cluster.merge(
         f"{ISVCS.format(ns=NS)}/{name}/status",
@@ -92,12 +92,12 @@ def volume(predictor: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 @pytest.mark.looptime(False)  # the grace period ends on the wall clock (removalAt is a wall-clock time)
-async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
+async def test_pools_readiness_updates_and_cleanup(cluster: EmulatedCluster) -> None:
     await seed_three_pools(cluster)
     await cluster.create(DECISIONS.format(ns=NS), decision(nodePools={"removalGracePeriod": "1s"}))
     async with running_operator():
-        assert await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
-        current = await eventually(lambda: _when(status(cluster), lambda s: len(s.get("pools", [])) == 3))
+        assert await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        current = await eventually_async(lambda: _when(status(cluster), lambda s: len(s.get("pools", [])) == 3))
         pools = {pool["name"]: pool for pool in current["pools"]}
         assert pools["a100-pool"]["eligible"] is False
         assert pools["a100-pool"]["reason"] == "ComputeCapabilityTooLow"
@@ -122,22 +122,24 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
 
         # A new pool's nodes appear: a third InferenceService.
         await cluster.create(NODES, gpu_node("b200-a", "b200-pool", **B200))
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-b200-pool", "clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(
+            lambda: _equals(isvc_names(cluster), ["clef-b200-pool", "clef-h100-pool", "clef-l4-pool"])
+        )
 
         # A pool's nodes vanish: its InferenceService goes once the (here 1 s) removal grace period is over.
         await cluster.delete(f"{NODES}/b200-a")
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
 
         # Readiness: the pool, then the ClefDecision only once every eligible pool is Ready.
         await mark_ready(cluster, "clef-h100-pool")
-        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("readyPools") == 1))
+        current = await eventually_async(lambda: _when(status(cluster), lambda s: s.get("readyPools") == 1))
         pools = {pool["name"]: pool for pool in current["pools"]}
         assert pools["h100-pool"]["ready"] is True and pools["h100-pool"]["url"].startswith("http://clef-h100-pool")
         assert pools["l4-pool"]["ready"] is False
         assert condition(current, "Ready")["status"] == "False"
         assert condition(current, "PredictorsReady")["reason"] == "PredictorsNotReady"
         await mark_ready(cluster, "clef-l4-pool")
-        current = await eventually(
+        current = await eventually_async(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True")
         )
         assert current["poolsReady"] == "2/2"
@@ -157,7 +159,7 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
                 for item in items
             )
 
-        await eventually(updated)
+        await eventually_async(updated)
         expected_reasons = {
             "InferenceServiceCreated",
             "InferenceServiceDeleted",
@@ -173,11 +175,11 @@ async def test_pools_readiness_updates_and_cleanup(cluster: Cluster) -> None:
             events = await cluster.items(f"/api/v1/namespaces/{NS}/events")
             return expected_reasons <= {event["reason"] for event in events}
 
-        await eventually(posted)
+        await eventually_async(posted)
 
         # Delete: no finalizer holds the ClefDecision; garbage collection removes the children.
         await cluster.delete(f"{DECISIONS.format(ns=NS)}/{DECISION}")
-        await eventually(lambda: _equals(isvc_names(cluster), []))
+        await eventually_async(lambda: _equals(isvc_names(cluster), []))
         creates = [
             path
             for method, path in cluster.emulator.served_requests()
@@ -195,7 +197,7 @@ async def _when(value: Any, predicate: Any) -> Any:
     return result if predicate(result) else None
 
 
-async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> None:
+async def test_restart_midway_converges_without_duplicates(cluster: EmulatedCluster) -> None:
     from clef_operator.kserve_backend import Placement, build_inferenceservice
     from clef_operator.pools import NodePool
     from clef_operator.spec import parse_spec
@@ -203,7 +205,7 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
     await seed_three_pools(cluster)
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator():
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
 
     # While the operator is down: a pool appears and the spec changes.
     await cluster.create(NODES, gpu_node("b200-a", "b200-pool", **B200))
@@ -211,14 +213,14 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
 
     async with running_operator():
         expected = ["clef-b200-pool", "clef-h100-pool", "clef-l4-pool"]
-        await eventually(lambda: _equals(isvc_names(cluster), expected))
+        await eventually_async(lambda: _equals(isvc_names(cluster), expected))
 
         async def converged() -> bool:
             items = await cluster.items(ISVCS.format(ns=NS))
             return all("--dp=2" in i["spec"]["predictor"]["containers"][0]["args"] for i in items)
 
-        await eventually(converged)
-        await eventually(lambda: _when(status(cluster), lambda s: s.get("eligiblePools") == 3))
+        await eventually_async(converged)
+        await eventually_async(lambda: _when(status(cluster), lambda s: s.get("eligiblePools") == 3))
 
     spec = parse_spec((await cluster.get(f"{DECISIONS.format(ns=NS)}/{DECISION}"))["spec"])
     for item in await cluster.items(ISVCS.format(ns=NS)):
@@ -237,12 +239,12 @@ async def test_restart_midway_converges_without_duplicates(cluster: Cluster) -> 
     assert len(creates) == 3
 
 
-async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) -> None:
+async def test_kserve_missing_is_reported_then_recovered(bare_cluster: EmulatedCluster) -> None:
     cluster = bare_cluster
     await seed_three_pools(cluster)
     await cluster.create(DECISIONS.format(ns=NS), decision(backend="kserve"))
     async with running_operator() as operator:
-        current = await eventually(
+        current = await eventually_async(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "KServeNotInstalled")
         )
         assert condition(current, "PredictorsReady")["reason"] == "KServeNotInstalled"
@@ -250,20 +252,22 @@ async def test_kserve_missing_is_reported_then_recovered(bare_cluster: Cluster) 
         assert not operator.done()
 
         await cluster.install_kserve()
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
-        await eventually(
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(
             lambda: _when(
                 status(cluster), lambda s: condition(s, "PredictorsReady").get("reason") == "PredictorsNotReady"
             )
         )
 
 
-async def names(cluster: Cluster, path: str) -> list[str]:
+async def names(cluster: EmulatedCluster, path: str) -> list[str]:
     """Names of the objects of a collection."""
     return sorted(item["metadata"]["name"] for item in await cluster.items(path))
 
 
-async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_up(bare_cluster: Cluster) -> None:
+async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_up(
+    bare_cluster: EmulatedCluster,
+) -> None:
     cluster = bare_cluster
     deployments, services = f"/apis/apps/v1/namespaces/{NS}/deployments", f"/api/v1/namespaces/{NS}/services"
     hpas = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
@@ -284,8 +288,8 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
     served = ["clef-h100-pool", "clef-l4-pool"]
     async with running_operator():
         # No InferenceService resource: the deployment backend, a Deployment and a Service per eligible pool.
-        current = await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
-        l4 = await eventually(
+        current = await eventually_async(lambda: _when(status(cluster), lambda s: s.get("backend") == "deployment"))
+        l4 = await eventually_async(
             lambda: _when(status(cluster), lambda s: any(p.get("state") == "Conflict" for p in s.get("pools", [])))
         )
         conflict = next(p for p in l4["pools"] if p["name"] == "l4-pool")
@@ -294,9 +298,9 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
             and "a Deployment named clef-l4-pool" in conflict["predictorMessage"]
         )
         await cluster.delete(f"{deployments}/clef-l4-pool")
-        await eventually(lambda: _equals(names(cluster, deployments), served))
-        await eventually(lambda: _equals(names(cluster, services), served))
-        current = await eventually(
+        await eventually_async(lambda: _equals(names(cluster, deployments), served))
+        await eventually_async(lambda: _equals(names(cluster, services), served))
+        current = await eventually_async(
             lambda: _when(status(cluster), lambda s: all(p.get("state") != "Conflict" for p in s.get("pools", [])))
         )
         assert {pool["name"]: pool.get("deployment") for pool in current["pools"] if pool["eligible"]} == {
@@ -316,7 +320,7 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
                     }
                 },
             )
-        ready = await eventually(
+        ready = await eventually_async(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("status") == "True")
         )
         assert condition(ready, "PredictorsReady")["message"] == "2/2 Deployments ready"
@@ -326,13 +330,13 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
         # Autoscaling: an autoscaler per pool, changed with the spec; a hand-edited Service is put back.
         autoscaling = {"minReplicas": 1, "maxReplicas": 2}
         await cluster.merge(decision_path, {"spec": {"autoscaling": autoscaling, "predictor": {"maxModelLen": 4096}}})
-        await eventually(lambda: _equals(names(cluster, hpas), served))
+        await eventually_async(lambda: _equals(names(cluster, hpas), served))
 
         async def updated() -> bool:
             pods = [d["spec"]["template"]["spec"] for d in await cluster.items(deployments)]
             return all("--max-model-len=4096" in pod["containers"][0]["args"] for pod in pods)
 
-        await eventually(updated)
+        await eventually_async(updated)
         await cluster.merge(f"{services}/clef-l4-pool", {"spec": {"ports": [{"name": "x", "port": 1}]}})
         await cluster.merge(decision_path, {"spec": {"autoscaling": {"maxReplicas": 3}}})
 
@@ -341,13 +345,13 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
             service = await cluster.get(f"{services}/clef-l4-pool")
             return all(h["spec"]["maxReplicas"] == 3 for h in autoscalers) and service["spec"]["ports"][0]["port"] == 80
 
-        await eventually(repaired)
+        await eventually_async(repaired)
         # autoscaling.keda without KEDA: the pools fail naming it and keep their autoscalers; KEDA installed, a
         # ScaledObject per pool replaces each HorizontalPodAutoscaler and follows the spec.
         scaled_objects = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
         keda = {"serverAddress": "http://prometheus.monitoring:9090"}
         await cluster.merge(decision_path, {"spec": {"autoscaling": {"keda": keda}}})
-        failed = await eventually(
+        failed = await eventually_async(
             lambda: _when(
                 status(cluster),
                 lambda s: [p.get("state") for p in s.get("pools", []) if p["eligible"]] == ["Failed", "Failed"],
@@ -356,28 +360,28 @@ async def test_without_kserve_the_deployment_backend_serves_and_a_switch_cleans_
         assert all("autoscaling.keda needs KEDA" in p["predictorMessage"] for p in failed["pools"] if p["eligible"])
         assert await names(cluster, hpas) == served
         await cluster.install_keda()
-        await eventually(lambda: _equals(names(cluster, scaled_objects), served))
-        await eventually(lambda: _equals(names(cluster, hpas), []))
+        await eventually_async(lambda: _equals(names(cluster, scaled_objects), served))
+        await eventually_async(lambda: _equals(names(cluster, hpas), []))
         await cluster.merge(decision_path, {"spec": {"autoscaling": {"keda": {"target": "8"}}}})
 
         async def retargeted() -> bool:
             triggers = [o["spec"]["triggers"][0]["metadata"] for o in await cluster.items(scaled_objects)]
             return len(triggers) == 2 and all(t["threshold"] == "8" for t in triggers)
 
-        await eventually(retargeted)
+        await eventually_async(retargeted)
         await cluster.merge(decision_path, {"spec": {"autoscaling": None}})
-        await eventually(lambda: _equals(names(cluster, scaled_objects), []))
+        await eventually_async(lambda: _equals(names(cluster, scaled_objects), []))
         assert await names(cluster, hpas) == []
         # KServe arrives and the spec asks for it: InferenceServices replace the Deployments and Services.
         await cluster.install_kserve()
         await cluster.merge(decision_path, {"spec": {"backend": "kserve"}})
-        await eventually(lambda: _equals(isvc_names(cluster), served))
-        await eventually(lambda: _equals(names(cluster, deployments), []))
-        await eventually(lambda: _equals(names(cluster, services), []))
-        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+        await eventually_async(lambda: _equals(isvc_names(cluster), served))
+        await eventually_async(lambda: _equals(names(cluster, deployments), []))
+        await eventually_async(lambda: _equals(names(cluster, services), []))
+        await eventually_async(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
 
 
-async def test_a_crd_discovery_does_not_list_yet_decides_nothing(bare_cluster: Cluster) -> None:
+async def test_a_crd_discovery_does_not_list_yet_decides_nothing(bare_cluster: EmulatedCluster) -> None:
     """KServe's CRD exists but discovery leaves it out (as just after an API server start): no backend is chosen
     and nothing is created until discovery lists it; then the InferenceServices come."""
     cluster = bare_cluster
@@ -390,18 +394,18 @@ async def test_a_crd_discovery_does_not_list_yet_decides_nothing(bare_cluster: C
         assert "backend" not in await status(cluster)
         assert await names(cluster, deployments) == []
         cluster.emulator.add_crd(KSERVE_CRD)
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
-        await eventually(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(lambda: _when(status(cluster), lambda s: s.get("backend") == "kserve"))
         assert await names(cluster, deployments) == []
 
 
-async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) -> None:
+async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: EmulatedCluster) -> None:
     await seed_three_pools(cluster)
     bad = decision()
     bad["spec"]["model"]["storageUri"] = "ftp://example.com/model"
     await cluster.create(DECISIONS.format(ns=NS), bad)
     async with running_operator():
-        current = await eventually(
+        current = await eventually_async(
             lambda: _when(status(cluster), lambda s: condition(s, "Ready").get("reason") == "InvalidSpec")
         )
         assert "spec.model.storageUri" in condition(current, "Ready")["message"]
@@ -410,10 +414,10 @@ async def test_invalid_spec_gets_a_condition_naming_the_field(cluster: Cluster) 
         await cluster.merge(
             f"{DECISIONS.format(ns=NS)}/{DECISION}", {"spec": {"model": {"storageUri": "pvc://models/clef-flash-fp8"}}}
         )
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
 
 
-async def test_namespace_scoping(cluster: Cluster) -> None:
+async def test_namespace_scoping(cluster: EmulatedCluster) -> None:
     await seed_three_pools(cluster)
     other = decision()
     other["metadata"]["namespace"] = "elsewhere"
@@ -423,7 +427,7 @@ async def test_namespace_scoping(cluster: Cluster) -> None:
     settings = fast_settings()
     settings.scanning.disabled = True
     async with running_operator(clusterwide=False, namespaces=[NS], settings=settings):
-        await eventually(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
+        await eventually_async(lambda: _equals(isvc_names(cluster), ["clef-h100-pool", "clef-l4-pool"]))
         assert await cluster.items(ISVCS.format(ns="elsewhere")) == []
         assert "status" not in await cluster.get(f"{DECISIONS.format(ns='elsewhere')}/{DECISION}")
 

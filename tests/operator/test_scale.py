@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from clef_operator import work_queue
-from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, eventually, gpu_node, running_operator
+from tests.operator.harness import DECISIONS, ISVCS, NODES, EmulatedCluster, gpu_node, running_operator
+from tests.polling import eventually_async
 
 NS = "ml"
 POOLS = 50
@@ -27,7 +28,7 @@ def decision(name: str) -> dict[str, Any]:
     }
 
 
-async def _all_serving(cluster: Cluster, names: list[str]) -> bool:
+async def _all_serving(cluster: EmulatedCluster, names: list[str]) -> bool:
     for name in names:
         status = (await cluster.get(f"{DECISIONS.format(ns=NS)}/{name}")).get("status") or {}
         pools = status.get("pools") or []
@@ -36,14 +37,14 @@ async def _all_serving(cluster: Cluster, names: list[str]) -> bool:
     return True
 
 
-async def _quiet(cluster: Cluster, seconds: float) -> bool:
+async def _quiet(cluster: EmulatedCluster, seconds: float) -> bool:
     """Whether the operator wrote nothing for ``seconds``."""
     before = len(cluster.emulator.all_operator_writes())
     await asyncio.sleep(seconds)
     return len(cluster.emulator.all_operator_writes()) == before
 
 
-async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_steady_state_passes_write_nothing(cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """After convergence, resync passes over every ClefDecision, node heartbeats and irrelevant relabels cause
     zero API writes (no status patch, no InferenceService write, no Event)."""
     monkeypatch.setattr(work_queue, "RESYNC_SECONDS", 2.0)
@@ -54,9 +55,9 @@ async def test_steady_state_passes_write_nothing(cluster: Cluster, monkeypatch: 
     for name in names:
         await cluster.create(DECISIONS.format(ns=NS), decision(name))
     async with running_operator():
-        await eventually(lambda: _all_serving(cluster, names), timeout=180, interval=1.0)
+        await eventually_async(lambda: _all_serving(cluster, names), timeout=180, interval=1.0)
         assert len(await cluster.items(ISVCS.format(ns=NS))) == POOLS * len(names)
-        await eventually(lambda: _quiet(cluster, 3.0), timeout=300)  # queued Events and patches have landed
+        await eventually_async(lambda: _quiet(cluster, 3.0), timeout=300)  # queued Events and patches have landed
         before = len(cluster.emulator.all_operator_writes())
         passes = len(cluster.emulator.served_requests())
         for node in range(0, POOLS * NODES_PER_POOL, 7):  # heartbeats and an unrelated label

@@ -1,6 +1,6 @@
-"""Objects within a real API server's limits: capped free-form fields, a digest as kopf's diff base, and an
-InferenceService that would be too large reported instead of sent. The emulator refuses what a real API server
-refuses (annotations over 256 KiB, objects over 1.5 MiB)."""
+"""Objects within a real API server's limits: capped free-form fields, and an InferenceService that would be too
+large reported instead of sent. The largest spec's digest as kopf's diff base, on a real API server:
+tests/cluster/test_2b_operator_limits.py (which imports largest_spec and LAST_HANDLED from here)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 from clef_operator import spec as spec_module
 from clef_operator import writes
-from clef_operator.diffbase import DIGEST_PREFIX
 from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import NodePool
-from clef_operator.spec import InvalidSpecError, parse_spec
 from clef_operator.writes import MAX_INFERENCESERVICE_BYTES
-from tests.operator.emulator import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES
-from tests.operator.harness import DECISIONS, ISVCS, NODES, Cluster, clef_crd, eventually, gpu_node, running_operator
-from tests.operator.schema import crd_validator, errors
+from clef_operator.spec import InvalidSpecError, parse_spec
+from tests.crd_schema import clef_crd, crd_validator, errors
+from tests.operator.emulator import MAX_OBJECT_BYTES
+from tests.operator.harness import DECISIONS, NODES, EmulatedCluster, gpu_node, running_operator
+from tests.polling import eventually_async
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
@@ -52,11 +52,10 @@ def largest_spec() -> dict[str, Any]:
     )["spec"]
 
 
-def test_the_300_kb_extra_args_spec_is_refused_by_both_validations() -> None:
-    validator = crd_validator(clef_crd(), "v1alpha1")
+def test_the_300_kb_extra_args_spec_is_refused_by_the_operators_validation() -> None:
+    """The API server's refusal of the same specs: tests/cluster/test_2b_operator_limits.py."""
     for extra_args in (["--a=" + "x" * 300_000], ["--a=" + "x" * 2000] * 150):
         body = decision(predictor={"extraArgs": extra_args})
-        assert any("extraArgs" in error for error in errors(validator, body))
         with pytest.raises(InvalidSpecError, match="spec.predictor.extraArgs"):
             parse_spec(body["spec"])
 
@@ -78,43 +77,8 @@ def test_largest_accepted_spec_yields_objects_within_the_limits() -> None:
     assert len(json.dumps(body)) < MAX_OBJECT_BYTES
 
 
-async def test_large_spec_converges_under_the_api_servers_limits(cluster: Cluster) -> None:
-    """A ~700 KB spec: kopf's stock diff base (the spec copied into an annotation) would be refused by the
-    API server on every write; the digest keeps the annotation at 71 bytes, and a later change still applies."""
-    await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
-    spec = largest_spec()
-    assert len(json.dumps(spec)) > MAX_ANNOTATIONS_BYTES
-    await cluster.create(DECISIONS.format(ns=NS), decision(**spec))
-    async with running_operator():
-
-        async def handled() -> str | None:
-            body = await cluster.get(f"{DECISIONS.format(ns=NS)}/clef")
-            return (body["metadata"].get("annotations") or {}).get(LAST_HANDLED)
-
-        stored = await eventually(handled)
-        assert stored.startswith(DIGEST_PREFIX) and len(stored) == len(DIGEST_PREFIX) + 64
-        await eventually(lambda: _isvc_names(cluster))
-        await cluster.merge(f"{DECISIONS.format(ns=NS)}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
-
-        async def applied() -> bool:
-            items = await cluster.items(ISVCS.format(ns=NS))
-            return bool(items) and "--max-model-len=4096" in items[0]["spec"]["predictor"]["containers"][0]["args"]
-
-        await eventually(applied)
-        assert (await eventually(lambda: _changed(handled(), stored))).startswith(DIGEST_PREFIX)
-
-
-async def _changed(value: Any, old: str) -> str | None:
-    new = await value
-    return new if new != old else None
-
-
-async def _isvc_names(cluster: Cluster) -> set[str]:
-    return {item["metadata"]["name"] for item in await cluster.items(ISVCS.format(ns=NS))}
-
-
 async def test_too_large_inferenceservice_is_reported_not_sent(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """affinity is free-form (Kubernetes' own schema): more of it than the operator sends in an
     InferenceService is reported on the pool, and nothing is POSTed. (The limit is lowered to 200 kB here:
@@ -133,6 +97,6 @@ async def test_too_large_inferenceservice_is_reported_not_sent(
             pool = next(iter(status.get("pools") or []), {})
             return pool if pool.get("state") == "Failed" else None
 
-        pool = await eventually(failed)
+        pool = await eventually_async(failed)
     assert "would take" in pool["predictorMessage"] and "spec.affinity" in pool["predictorMessage"]
     assert cluster.emulator.operator_writes("inferenceservices") == []

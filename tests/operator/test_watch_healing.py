@@ -34,19 +34,19 @@ from tests.operator.harness import (
     ISVCS,
     NODES,
     ROOT,
-    Cluster,
+    EmulatedCluster,
     decision,
-    eventually,
     gpu_node,
     running_operator,
 )
+from tests.polling import eventually_async
 
 NS = "ml"
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", family="hopper", major=9, minor=0)
 pytestmark = [pytest.mark.timeout(120), pytest.mark.looptime]
 
 
-async def max_model_len(cluster: Cluster, isvc: str) -> str | None:
+async def max_model_len(cluster: EmulatedCluster, isvc: str) -> str | None:
     items = {i["metadata"]["name"]: i for i in await cluster.items(ISVCS.format(ns=NS))}
     if isvc not in items:
         return None
@@ -176,17 +176,17 @@ async def test_liveness_fails_on_a_stuck_stream_or_a_dead_scheduler() -> None:
 
 
 @pytest.mark.parametrize("code", [500, 410, 403])
-async def test_watch_error_event_relists_and_keeps_applying_changes(cluster: Cluster, code: int) -> None:
+async def test_watch_error_event_relists_and_keeps_applying_changes(cluster: EmulatedCluster, code: int) -> None:
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
     await cluster.create(DECISIONS.format(ns=NS), decision())
     async with running_operator() as task:
-        await eventually(lambda: max_model_len(cluster, "clef-h100-pool"))
+        await eventually_async(lambda: max_model_len(cluster, "clef-h100-pool"))
         for plural in ("clefdecisions", "nodes", "inferenceservices"):
             await cluster.emulator.watch_error(plural, code)
         await cluster.merge(f"{DECISIONS.format(ns=NS)}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
-        await eventually(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=10)
+        await eventually_async(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=10)
         await cluster.create(NODES, gpu_node("h100-b", "h100-b-pool", **H100))
-        await eventually(lambda: max_model_len(cluster, "clef-h100-b-pool"), timeout=10)
+        await eventually_async(lambda: max_model_len(cluster, "clef-h100-b-pool"), timeout=10)
         assert not task.done()
 
 
@@ -194,7 +194,7 @@ async def _equals(value: Any, expected: Any) -> bool:
     return (await value) == expected
 
 
-async def test_outage_longer_than_kopfs_retries_is_ridden_out(cluster: Cluster) -> None:
+async def test_outage_longer_than_kopfs_retries_is_ridden_out(cluster: EmulatedCluster) -> None:
     """The API answers 503 for longer than kopf's whole retry budget; changes made meanwhile (a spec edit,
     a node gone, a ClefDecision deleted) are applied within seconds of the API answering again."""
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
@@ -202,7 +202,7 @@ async def test_outage_longer_than_kopfs_retries_is_ridden_out(cluster: Cluster) 
     await cluster.create(DECISIONS.format(ns=NS), decision())
     await cluster.create(DECISIONS.format(ns=NS), decision("other"))
     async with running_operator() as task:
-        await eventually(lambda: max_model_len(cluster, "other-h100-b-pool"))
+        await eventually_async(lambda: max_model_len(cluster, "other-h100-b-pool"))
         await cluster.emulator.start_outage()
         await cluster.merge(f"{DECISIONS.format(ns=NS)}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
         await cluster.delete(f"{DECISIONS.format(ns=NS)}/other")
@@ -210,7 +210,7 @@ async def test_outage_longer_than_kopfs_retries_is_ridden_out(cluster: Cluster) 
         await asyncio.sleep(4)  # kopf's retry budget in these tests is 0.8 s
         assert not task.done()
         cluster.emulator.end_outage()
-        await eventually(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=15)
+        await eventually_async(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=15)
         state = task.get_name()
         assert state and not task.done()
         # The deleted ClefDecision and node are forgotten: nothing recreates "other"'s InferenceServices.
@@ -231,7 +231,7 @@ def _healthz(port: int) -> int:
 
 
 @pytest.mark.looptime(False)  # a real operator process, on the wall clock
-async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: Cluster) -> None:
+async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: EmulatedCluster) -> None:
     """`python -m clef_operator`: an ERROR 500 on every stream, a later spec change applied, /healthz 200,
     then SIGTERM ends it promptly with rc 0."""
     await cluster.create(NODES, gpu_node("h100-a", "h100-pool", **H100))
@@ -253,13 +253,13 @@ async def test_process_survives_a_watch_error_and_exits_on_sigterm(cluster: Clus
         stderr=subprocess.DEVNULL,
     )
     try:
-        await eventually(lambda: max_model_len(cluster, "clef-h100-pool"), timeout=30)
+        await eventually_async(lambda: max_model_len(cluster, "clef-h100-pool"), timeout=30)
         for plural in ("clefdecisions", "nodes", "inferenceservices"):
             await cluster.emulator.watch_error(plural, 500)
         await asyncio.sleep(7)  # the watcher failed after ~6 s before the fix
         assert process.poll() is None
         await cluster.merge(f"{DECISIONS.format(ns=NS)}/clef", {"spec": {"predictor": {"maxModelLen": 4096}}})
-        await eventually(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=15)
+        await eventually_async(lambda: _equals(max_model_len(cluster, "clef-h100-pool"), "4096"), timeout=15)
         assert await asyncio.to_thread(_healthz, port) == 200
         start = asyncio.get_running_loop().time()
         process.send_signal(signal.SIGTERM)

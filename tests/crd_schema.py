@@ -10,15 +10,27 @@ Kubernetes extensions. `to_json_schema` turns it into plain JSON Schema (draft 2
   under `x-kubernetes-preserve-unknown-fields`;
 - `x-kubernetes-embedded-resource` objects may carry apiVersion, kind and metadata.
 
-Not evaluated offline: CEL rules (`x-kubernetes-validations`), list-type uniqueness, and formats.
+Not evaluated offline: CEL rules (`x-kubernetes-validations`), list-type uniqueness, and formats: the real
+API server's tests (tests/cluster) cover them. The CRDs the tests read (the chart's ClefDecision CRD,
+KServe's, KEDA's) load here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import pathlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CLEF_CRD = REPO / "charts" / "clef-serving" / "crds" / "clefdecisions.yaml"
+# KServe v0.20.0's CRDs and KEDA v2.17.2's ScaledObject CRD, kept in the repository (their README.md files).
+KSERVE_CRDS = REPO / "tests" / "data" / "kserve-crds"
+KSERVE_ISVC_CRD = KSERVE_CRDS / "serving.kserve.io_inferenceservices.yaml"
+KEDA_CRD = REPO / "tests" / "data" / "keda-crds" / "keda.sh_scaledobjects.yaml"
 
 # Keys whose value is one schema, and keys whose value is a list or a map of schemas.
 _ONE_SCHEMA = ("items", "not")
@@ -96,3 +108,34 @@ def validate(obj: dict[str, Any], crd: dict[str, Any]) -> None:
     if errors:
         name = obj.get("metadata", {}).get("name", "?")
         raise AssertionError(f"{obj['kind']} {name} violates its CRD schema:\n  " + "\n  ".join(errors))
+
+
+def crd_validator(crd: dict[str, Any], version: str) -> jsonschema.Draft202012Validator:
+    """A validator for one served version of a CRD (metadata is checked by the API server, not here)."""
+    return jsonschema.Draft202012Validator(crd_version_schema(crd, version))
+
+
+def errors(validator: jsonschema.Draft202012Validator, obj: Mapping[str, Any]) -> list[str]:
+    """Every schema violation, as 'dotted.path: message' ('<root>' for the object itself)."""
+    return [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+        for e in sorted(validator.iter_errors(dict(obj)), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
+def load_crd(path: pathlib.Path) -> dict[str, Any]:
+    """A one-document CRD file (with libyaml where available: KServe's CRD is ~2 MB)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd: dict[str, Any] = yaml.load(path.read_text(), Loader=loader)  # a safe loader (yaml.SafeLoader subclass)
+    return crd
+
+
+@functools.cache
+def _clef_crd_text() -> str:
+    return CLEF_CRD.read_text()
+
+
+def clef_crd() -> dict[str, Any]:
+    """The chart's ClefDecision CRD (a fresh copy: callers may change it)."""
+    crd: dict[str, Any] = yaml.safe_load(_clef_crd_text())
+    return crd

@@ -1,5 +1,5 @@
-"""The cases both validations (the CRD schema with its CEL rules, and the operator's model) must agree on: run
-through the schema here (tests/operator) and through a real API server (tests/cluster)."""
+"""The cases both validations (the CRD schema with its defaults and CEL rules, as a real API server applies them,
+and the operator's model) must agree on, naming the same field (tests/cluster/test_2b_operator_limits.py)."""
 
 from __future__ import annotations
 
