@@ -13,8 +13,8 @@ from clef_operator import spec as spec_module
 from clef_operator import writes
 from clef_operator.kserve_backend import Placement, build_inferenceservice
 from clef_operator.pools import NodePool
-from clef_operator.writes import MAX_INFERENCESERVICE_BYTES
 from clef_operator.spec import InvalidSpecError, parse_spec
+from clef_operator.writes import MAX_INFERENCESERVICE_BYTES
 from tests.crd_schema import clef_crd, crd_validator, errors
 from tests.operator.emulator import MAX_OBJECT_BYTES
 from tests.operator.harness import DECISIONS, NODES, EmulatedCluster, gpu_node, running_operator
