@@ -2,14 +2,14 @@
 steady image requests and text requests on the same server (BENCHMARKS.md, R32).
 
     python -m bench.vision_http --release DIR --records WORK/records.json --out WORK/vision-http.json \\
-        --log WORK/vision-predictor.log -- --max-model-len 4096 --gdn-prefill-backend triton
+        --log WORK/vision-predictor.log -- --max-model-len 16384 --gdn-prefill-backend triton
 
 Arguments after ``--`` go to ``python -m predictor`` after ``--vision``. The order of the requests, all from one
 client, one at a time: one image of ``--image-size`` (the first image after ready), a second one of that size, one
 of :data:`OTHER_SIZE` (the first of another size), ``--image-requests`` more of ``--image-size``, ``--four-requests``
-with four images of that size each, then ``--text-requests`` text requests. Every image is PNG noise drawn with a
-seed of its own and every body has a state of its own, so neither the answer cache nor vLLM's caches serve one
-twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it.
+with four images of that size each (none unless asked), then ``--text-requests`` text requests. Every image is PNG
+noise drawn with a seed of its own and every body has a state of its own, so neither the answer cache nor vLLM's
+caches serve one twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, required=True, help="the predictor's log")
     parser.add_argument("--image-size", type=parse_size, default=(1024, 768), help="WIDTHxHEIGHT")
     parser.add_argument("--image-requests", type=int, default=50)
-    parser.add_argument("--four-requests", type=int, default=10)
+    parser.add_argument(
+        "--four-requests",
+        type=int,
+        default=0,
+        help="requests of four images each (four PNG noise images of 1024x768 exceed the default 8 MiB body limit)",
+    )
     parser.add_argument("--text-requests", type=int, default=100)
     parser.add_argument("--engine", default="vllm", help="the predictor's --engine (transformers: a CPU smoke run)")
     parser.add_argument("--ready-timeout", type=float, default=420.0)
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["second_image"] = phase(client, url, [bodies.next([first[1]])])
                 result["first_other_size"] = {"size": list(OTHER_SIZE), **phase(client, url, [bodies.next([other])])}
                 result["one_image"] = phase(client, url, [bodies.next([image]) for image in steady])
-                result["four_images"] = phase(client, url, [bodies.next(images) for images in four])
+                if four:
+                    result["four_images"] = phase(client, url, [bodies.next(images) for images in four])
                 result["text"] = phase(client, url, [bodies.next() for _ in range(args.text_requests)])
         finally:
             args.out.write_text(json.dumps(result, indent=1))
