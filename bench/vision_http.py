@@ -1,0 +1,161 @@
+"""One ``--vision`` predictor over HTTP, one client: its ready time, the first image request after ready, then
+steady image requests and text requests on the same server (BENCHMARKS.md, R32).
+
+    python -m bench.vision_http --release DIR --records WORK/records.json --out WORK/vision-http.json \\
+        --log WORK/vision-predictor.log -- --max-model-len 16384 --gdn-prefill-backend triton
+
+Arguments after ``--`` go to ``python -m predictor`` after ``--vision``. The order of the requests, all from one
+client, one at a time: one image of ``--image-size`` (the first image after ready), a second one of that size, one
+of :data:`OTHER_SIZE` (the first of another size), ``--image-requests`` more of ``--image-size``, ``--four-requests``
+with four images of that size each (none unless asked), then ``--text-requests`` text requests. Every image is PNG
+noise drawn with a seed of its own and every body has a state of its own, so neither the answer cache nor vLLM's
+caches serve one twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_benchmark.metrics import scrape_timers, timer_means
+from bench.gpu_benchmark.timing import percentiles
+from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
+
+MODEL_NAME = "clef-flash"
+OTHER_SIZE = (448, 448)
+
+
+def png_data_url(width: int, height: int, seed: int) -> str:
+    """A ``data:image/png;base64,`` URL of random RGB noise of this size."""
+    from reliability.image_files import image_file
+
+    data = image_file(width, height, file_format="PNG", seed=seed)
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+class Bodies:
+    """Request bodies from the records, in order, each state marked with its index (no body sent twice)."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.sent = 0
+
+    def next(self, images: list[str] | None = None) -> dict[str, Any]:
+        record = self.records[self.sent % len(self.records)]
+        body = {**record, "state": f"#v{self.sent} {record['state']}"}
+        self.sent += 1
+        if images:
+            body["images"] = images
+        return body
+
+
+def timed_post(client: Any, url: str, body: dict[str, Any]) -> float:
+    """Milliseconds of one ``POST /v1/systemone``; a status other than 200 raises, naming it and the answer."""
+    started = time.perf_counter()
+    response = client.post(f"{url}/v1/systemone", json=body)
+    elapsed = 1000 * (time.perf_counter() - started)
+    if response.status_code != 200:
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+    return elapsed
+
+
+def phase(client: Any, url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """Send ``bodies`` one at a time: the client's latencies and the server's stage timers over them."""
+    before = scrape_timers(url)
+    latencies = [timed_post(client, url, body) for body in bodies]
+    result: dict[str, Any] = {"requests": len(bodies), "server_ms_mean": timer_means(before, scrape_timers(url))}
+    if len(latencies) == 1:
+        result["ms"] = round(latencies[0], 2)
+    else:
+        result["client_ms"] = percentiles(latencies)
+    return result
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    width, _, height = text.partition("x")
+    return int(width), int(height)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.vision_http", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--release", required=True, help="the FP8 release folder")
+    parser.add_argument("--records", type=Path, required=True, help="records.json of bench.gpu_benchmark's prepare")
+    parser.add_argument("--out", type=Path, required=True, help="result JSON")
+    parser.add_argument("--log", type=Path, required=True, help="the predictor's log")
+    parser.add_argument("--image-size", type=parse_size, default=(1024, 768), help="WIDTHxHEIGHT")
+    parser.add_argument("--image-requests", type=int, default=50)
+    parser.add_argument(
+        "--four-requests",
+        type=int,
+        default=0,
+        help="requests of four images each (four PNG noise images of 1024x768 exceed the default 8 MiB body limit)",
+    )
+    parser.add_argument("--text-requests", type=int, default=100)
+    parser.add_argument("--engine", default="vllm", help="the predictor's --engine (transformers: a CPU smoke run)")
+    parser.add_argument("--ready-timeout", type=float, default=420.0)
+    parser.add_argument("--seed", type=int, default=0, help="first image seed (each start should use its own)")
+    parser.add_argument("predictor_args", nargs="*", help="more predictor arguments (after --)")
+    args = parser.parse_args(argv)
+    import httpx
+
+    width, height = args.image_size
+    seed = iter(range(args.seed * 10_000, (args.seed + 1) * 10_000))
+    # drawn before the server starts, so the client's PNG encoding is in no timed figure
+    first = [png_data_url(width, height, next(seed)) for _ in range(2)]
+    other = png_data_url(*OTHER_SIZE, next(seed))
+    steady = [png_data_url(width, height, next(seed)) for _ in range(args.image_requests)]
+    four = [[png_data_url(width, height, next(seed)) for _ in range(4)] for _ in range(args.four_requests)]
+    bodies = Bodies(json.loads(args.records.read_text()))
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "predictor",
+        "--model-dir",
+        args.release,
+        "--model-name",
+        MODEL_NAME,
+        "--engine",
+        args.engine,
+        "--http_port",
+        str(port),
+        "--vision",
+        *args.predictor_args,
+    ]
+    result: dict[str, Any] = {"command": " ".join(command), "image_size": [width, height]}
+    with args.log.open("w") as log_file:
+        started = time.perf_counter()
+        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            try:
+                wait_until_ready(
+                    server, lambda: http_ok(f"{url}/v1/models/{MODEL_NAME}"), args.ready_timeout, interval=0.5
+                )
+            except NotReady as exc:
+                raise SystemExit(f"{exc}; see {args.log}") from None
+            result["ready_s"] = round(time.perf_counter() - started, 1)
+            with httpx.Client(timeout=600) as client:
+                result["first_image"] = phase(client, url, [bodies.next([first[0]])])
+                result["second_image"] = phase(client, url, [bodies.next([first[1]])])
+                result["first_other_size"] = {"size": list(OTHER_SIZE), **phase(client, url, [bodies.next([other])])}
+                result["one_image"] = phase(client, url, [bodies.next([image]) for image in steady])
+                if four:
+                    result["four_images"] = phase(client, url, [bodies.next(images) for images in four])
+                result["text"] = phase(client, url, [bodies.next() for _ in range(args.text_requests)])
+        finally:
+            args.out.write_text(json.dumps(result, indent=1))
+            stop_process(server)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
