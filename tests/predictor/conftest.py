@@ -212,15 +212,6 @@ def _close(actual: object, expected: object, atol: float, where: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def predictor_env() -> Iterator[None]:
-    """The serving extra and the test client's SDK: a broken install fails here, before a server starts."""
-    import kserve  # noqa: F401
-    import typesafe_sdk  # noqa: F401
-
-    yield
-
-
-@pytest.fixture(scope="session")
 def vllm_server(
     toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None
 ) -> Iterator[Predictor]:

@@ -419,14 +419,3 @@ def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(
     with pytest.raises(SystemExit):
         parser.parse_args(["--engine", "transformers", "--tensor-parallel-size", "2"])
     assert "--tensor-parallel-size" in capsys.readouterr().err
-
-
-def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
-    from bench.load import HOT_BODIES, bench_request
-
-    def distinct(fraction: float) -> int:
-        return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})
-
-    assert distinct(0.0) == 400 and distinct(1.0) == HOT_BODIES
-    assert 150 < distinct(0.5) < 250
-    assert bench_request(7, "m", 0.5) == bench_request(7, "m", 0.5)
