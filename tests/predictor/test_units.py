@@ -194,11 +194,11 @@ def test_vllm_owns_its_engine_arguments() -> None:
 
 def test_videos_follow_the_engine_auto_ends_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--engine auto`` reads videos as the engine it ends on: on a vLLM that takes no processed videos, none."""
-    import clef_plugin.compat
+    import clef_plugin.compat.processed_images
     import predictor.engines
     from predictor.engines.engine_args import engine_reads_videos
 
-    monkeypatch.setattr(clef_plugin.compat, "processed_videos_supported", lambda: False)
+    monkeypatch.setattr(clef_plugin.compat.processed_images, "processed_videos_supported", lambda: False)
     monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested in ("auto", "vllm"))
     assert not engine_reads_videos("auto") and not engine_reads_videos("vllm")
     monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested == "vllm")
