@@ -22,6 +22,7 @@ from tests.predictor.conftest import (
     simple_request,
     start_predictor,
     stop,
+    tiny_server_args,
 )
 
 MAX_BODY_BYTES = 65536
@@ -34,14 +35,7 @@ def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predicto
     """The shared server: small prompts, small batches, JSON request logs."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-transformers"),
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--max-batch",
-        "8",
+        *tiny_server_args(toy_release, max_model_len=MAX_MODEL_LEN, max_batch=8),
         "--max-queued-requests",
         "64",  # 64 concurrent requests below; the default (4 x 8) would shed some
         "--max-queue-wait-s",
