@@ -43,8 +43,8 @@ def device_facts() -> dict[str, list[Any]]:
 def facts_from_child() -> dict[str, list[Any]]:
     """:func:`device_facts` read in a forked child, so that this process does not initialise CUDA (as vLLM reads
     device properties, ``vllm.utils.platform_utils.cuda_get_device_properties``). A bare fork: the child runs the
-    function it already holds and imports nothing this process is still importing (this module is, and a pool's
-    worker would wait for its import lock forever)."""
+    function it already holds and imports nothing this process is still importing (the module whose import asks is,
+    and a pool's worker would wait for its import lock forever)."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: write the facts (or the error) and leave at once
