@@ -63,7 +63,8 @@ def register() -> None:
     and log where vLLM logs (:func:`log_where_vllm_logs`)."""
     from vllm import ModelRegistry
 
-    from clef_plugin.compat import check_vllm_version, install_config_hook
+    from clef_plugin.compat.config_hook import install_config_hook
+    from clef_plugin.compat.version import check_vllm_version
     from clef_plugin.engine_config import ClefEngineConfig
 
     log_where_vllm_logs()

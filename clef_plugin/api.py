@@ -136,7 +136,7 @@ def _pooler_config(given: Any) -> PoolerConfig:
 def _vision_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The multimodal settings of a vision engine; ``settings`` that contradict them are refused (a caller's
     ``None`` means vLLM's "not set", as its command line passes them). Takes those settings out of ``settings``."""
-    from clef_plugin.compat import processed_image_settings, processed_videos_supported
+    from clef_plugin.compat.processed_images import processed_image_settings, processed_videos_supported
 
     needed = processed_image_settings()
     for name, value in needed.items():
@@ -189,7 +189,7 @@ def engine_kwargs(
     language model only (no vision tower loaded, no multimodal settings: text-only engines stay as
     lean as without vision) unless ``vision``. With ``vision`` the tower is loaded and each request
     may carry up to 16 images as the release processor's pixels (:func:`engine_prompt`), read as
-    they are (:func:`clef_plugin.compat.processed_image_settings`). Unless ``enforce_eager`` is set
+    they are (:func:`clef_plugin.compat.processed_images.processed_image_settings`). Unless ``enforce_eager`` is set
     or ``settings`` holds a ``compilation_config``, vLLM compiles the model and captures piecewise CUDA graphs at
     :func:`prefill_capture_sizes`, with the :data:`CUSTOM_OPS` on (:func:`graph_compilation_config`). A setting
     that contradicts the plugin (prefix caching on, chunked prefill off, another runner, architecture or

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from clef_plugin.compat import QWEN3_5_CONFIG_HOOK
+from clef_plugin.compat.config_hook import QWEN3_5_CONFIG_HOOK
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

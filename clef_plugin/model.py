@@ -3,8 +3,8 @@
 The backbone is vLLM's own Qwen3.5 (hybrid Gated DeltaNet + full attention; BF16, or FP8 W8A8
 through vLLM's compressed-tensors support), with the vision tower left out unless the engine
 runs with ``language_model_only=False`` (``engine_kwargs(vision=True)``); images then arrive as
-the release processor's pixels (:func:`clef_plugin.compat.register_processed_images`). The head comes from
-the release via :func:`clef_head.load_head` (either release layout), never through vLLM's
+the release processor's pixels (:func:`~clef_plugin.compat.processed_images.register_processed_images`). The head
+comes from the release via :func:`clef_head.load_head` (either release layout), never through vLLM's
 weight loader. ``lm_head`` stays unquantized: the head reads its rows as lexical embeddings of
 the option tokens.
 
@@ -40,7 +40,9 @@ from vllm.sequence import IntermediateTensors
 
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, find_head_files, load_head
 from clef_head.graphs import GraphedHead
-from clef_plugin.compat import register_processed_images, row_wise_fp8_on_cpu, skip_router_gemm_warmup
+from clef_plugin.compat.cpu_fp8 import row_wise_fp8_on_cpu
+from clef_plugin.compat.processed_images import register_processed_images
+from clef_plugin.compat.router_gemm import skip_router_gemm_warmup
 from clef_plugin.pooler import JointSchemaPooler
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from clef_head.graphs import GraphedHead
 from clef_head.head import JointSchemaHead
 from clef_head.layout import LayoutError, RecordLayout
 from clef_plugin.card import layout_from_questions
-from clef_plugin.compat import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
+from clef_plugin.compat.hidden_states import AllPool, Pooler, PoolingMetadata, PoolingParamsUpdate, prompt_hidden_states
 from clef_plugin.names import CARD_LAYOUT_KEY, LAYOUT_KEY, POOLING_TASK
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from predictor.demo import RANDOM_WARNING, demo_release
 from predictor.engines import ENGINE_CHOICES, build_engine, visible_gpus, vllm_can_serve
 from predictor.engines.engine_args import add_engine_args, new_parser
 from predictor.engines.memory import InsufficientMemory
-from predictor.http.api_args import add_api_args, api_keys, build_server, check_api_args, install_api, register_aliases
+from predictor.http.api_args import add_api_args, check_api_args
+from predictor.http.app import api_keys, build_server, install_api, register_aliases
 from predictor.http.compat import add_action, declared_options, kserve_parser_actions
 from predictor.http.health import NotReadyTracebackFilter
 from predictor.http.observe import configure_json_logs

@@ -23,7 +23,7 @@ from pathlib import Path
 
 CARD_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
-"""The predictor's default ``--host`` (``predictor.http.server_limits.HttpLimits.host``; a test keeps them equal)."""
+"""The predictor's default ``--host`` (``predictor.http.server.HttpLimits.host``; a test keeps them equal)."""
 CARD_MAX_MODEL_LEN = 16384
 CARD_MODEL_NAME = "clef-flash"
 

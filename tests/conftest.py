@@ -78,6 +78,15 @@ def toy_release_fp8_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def predictor_env() -> Iterator[None]:
+    """The serving extra and the test client's SDK: a broken install fails here, before a server starts."""
+    import kserve  # noqa: F401
+    import typesafe_sdk  # noqa: F401
+
+    yield
+
+
+@pytest.fixture(scope="session")
 def reference() -> ModuleType:
     """Clef's original release code, loaded by path from the clef-finetune package (test-only)."""
     spec = importlib.util.find_spec("clef_finetune")

@@ -40,7 +40,7 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 #: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting), the
 #: container images (a cold build is minutes of downloads and disk writes) and the GPU benchmark's CPU smoke run
 #: (the longest busy unit); the real node's modules follow them.
-FIRST = ("cluster", "images", "tests/quantize/test_gpu_benchmark_smoke.py", "real-node")
+FIRST = ("cluster", "images", "tests/bench/test_gpu_benchmark_smoke.py", "real-node")
 
 
 def group_of(path: str) -> str:

@@ -49,7 +49,7 @@ def visible_gpus() -> int:
 
     ``torch.cuda.is_available()`` would initialise the CUDA driver (``cudaGetDeviceCount``), after which a forked
     child cannot use CUDA, and vLLM forks its engine core from this process when CUDA is not initialised here
-    (``clef_plugin.compat.cuda_left_uninitialised``).
+    (``clef_plugin.compat.cuda_probes.cuda_left_uninitialised``).
     """
     return torch.cuda.device_count()
 

@@ -39,12 +39,12 @@ def vllm_installed() -> bool:
 def engine_reads_videos(requested: str) -> bool:
     """Whether the engine ``--engine requested`` ends on answers videos (with ``--vision``; ``auto`` resolved as
     :func:`predictor.engines.vllm_can_serve` resolves it): the transformers engine does; the vLLM engine where
-    its vLLM takes processed video items (``clef_plugin.compat.processed_videos_supported``)."""
+    its vLLM takes processed video items (``clef_plugin.compat.processed_images.processed_videos_supported``)."""
     from predictor.engines import vllm_can_serve
 
     if not vllm_can_serve(requested):
         return True
-    from clef_plugin.compat import processed_videos_supported
+    from clef_plugin.compat.processed_images import processed_videos_supported
 
     return processed_videos_supported()
 

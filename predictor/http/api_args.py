@@ -1,62 +1,26 @@
-"""The HTTP API's flags (access, limits, names, batch, state overflow) and where they take effect.
+"""The HTTP API's flags (access, limits, names, batch, state overflow) and what they become.
 
-``add_api_args`` registers the flags on the predictor's parser and :func:`api_config` reads them into an
-:class:`~predictor.http.api_config.ApiConfig`; ``install_api`` adds the middleware, error handlers and routes to
-KServe's app; ``build_server`` and ``register_aliases`` make the ``ClefModelServer`` that serves them.
+``add_api_args`` registers the flags on the predictor's parser, :func:`check_api_args` rejects what the server
+cannot honour and :func:`api_config` reads them into an :class:`~predictor.http.api_config.ApiConfig`, which
+:mod:`predictor.http.app` assembles the server from.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 
 from clef_head.encoder import STATE_OVERFLOW_CHOICES
-from predictor.core.errors import ServiceError
 from predictor.http.api_config import ApiConfig, GrpcConfig, KServeServerConfig
-from predictor.http.auth import API_KEYS_ENV, ApiKeyMiddleware, ApiKeys
-from predictor.http.errors import (
-    ApiError,
-    api_error_handler,
-    http_exception_handler,
-    service_error_handler,
-    validation_error_handler,
-)
-from predictor.http.health import install_health_routes
-from predictor.http.http_body import RequestBodyMiddleware
-from predictor.http.jev_api import API_BASES, add_routes
-from predictor.http.observe import RequestObserverMiddleware
-from predictor.http.route_guard import RouteGuardMiddleware
-from predictor.http.server_limits import ClefModelServer, GrpcSettings, HttpLimits
-from predictor.http.shutdown import GracefulShutdown
+from predictor.http.auth import API_KEYS_ENV
+from predictor.http.server import HttpLimits
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
 from predictor.serving.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
 from predictor.serving.request_policy import RequestPolicy
 
-if TYPE_CHECKING:
-    import kserve
-
-    from predictor.serving.lifecycle import Lifecycle
-    from predictor.serving.options import ServingOptions
-    from predictor.serving.service import SystemOneService
-
 DEFAULTS = ApiConfig()
 SDK_DEFAULT_MODEL = "jev-latest"
 """The TypeSafe SDK's default model name, always served as an alias so that the SDK works without a model."""
-
-
-class ServedModel(Protocol):
-    """What the HTTP layer needs of the served model (:class:`predictor.model.ClefModel`, the layer above)."""
-
-    name: str
-    service: SystemOneService | None
-    lifecycle: Lifecycle
-    options: ServingOptions
 
 
 def add_api_args(group: argparse._ActionsContainer) -> None:
@@ -236,79 +200,3 @@ def api_config(args: argparse.Namespace) -> ApiConfig:
         json_logs=args.json_logs,
         grpc=grpc if args.enable_grpc else None,
     )
-
-
-def api_keys(config: ApiConfig) -> ApiKeys:
-    """The API keys of ``config.api_key_file`` and the environment (HTTP and gRPC share them)."""
-    return ApiKeys(config.api_key_file, os.environ.get(API_KEYS_ENV))
-
-
-def grpc_settings(config: ApiConfig, keys: ApiKeys) -> GrpcSettings | None:
-    """KServe's gRPC server as ``config`` asks for it, or None (the default: ``--enable_grpc`` is off)."""
-    if config.grpc is None:
-        return None
-    return GrpcSettings(
-        port=config.server.grpc_port,
-        max_message_bytes=min(config.max_body_bytes, config.grpc.max_receive_bytes),
-        max_send_bytes=config.grpc.max_send_bytes,
-        max_threads=config.server.max_threads,
-        keys=keys,
-        enable_model_repository=config.enable_model_repository,
-    )
-
-
-def install_api(app: FastAPI, model: ServedModel, config: ApiConfig, keys: ApiKeys) -> None:
-    """Add the middleware, error handlers and routes to KServe's app (before the server starts).
-
-    Middleware, outermost first: request ids and metrics, the shutdown window (503 once SIGTERM came), API keys,
-    closed routes, request bodies.
-    """
-    assert model.service is not None, "load the model first"
-    app.add_middleware(RequestBodyMiddleware, max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout)
-    app.add_middleware(
-        RouteGuardMiddleware,
-        served_names=(model.name, *model.options.policy.aliases),
-        enable_model_repository=config.enable_model_repository,
-        enable_docs=config.server.enable_docs_url,
-    )
-    if keys.enabled:
-        app.add_middleware(ApiKeyMiddleware, keys=keys)
-    app.add_middleware(
-        GracefulShutdown, lifecycle=model.lifecycle, delay_s=config.shutdown_delay, drain_s=config.limits.drain_s
-    )
-    app.add_middleware(RequestObserverMiddleware, json_logs=config.json_logs)
-    app.add_exception_handler(ApiError, api_error_handler)
-    app.add_exception_handler(ServiceError, service_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.add_exception_handler(HTTPException, http_exception_handler)
-    add_routes(app, model.service, model.options.max_batch_items)
-    install_health_routes(app, model.lifecycle, API_BASES)
-
-
-def build_server(config: ApiConfig, keys: ApiKeys) -> ClefModelServer:
-    """KServe's model server (one worker) with the predictor's limits and, when asked for, its gRPC server."""
-    server = config.server
-    return ClefModelServer(
-        config.limits,
-        grpc_settings(config, keys),
-        enable_model_repository=config.enable_model_repository,
-        http_port=server.http_port,
-        grpc_port=server.grpc_port,
-        workers=1,
-        max_threads=server.max_threads,
-        max_asyncio_workers=server.max_asyncio_workers,
-        enable_docs_url=server.enable_docs_url,
-        enable_latency_logging=server.enable_latency_logging,
-        access_log_format=server.access_log_format,
-        event_loop=server.event_loop,
-        timeout_keep_alive=server.timeout_keep_alive,
-        grace_period=int(config.limits.drain_s),
-        ssl_certfile=server.ssl_certfile,
-        ssl_keyfile=server.ssl_keyfile,
-    )
-
-
-def register_aliases(server: kserve.ModelServer, model: kserve.Model, aliases: tuple[str, ...]) -> None:
-    """Serve the model under each alias (its request policy's) on KServe's routes too."""
-    for alias in aliases:
-        server.register_model(model, name=alias)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kserve.model_server import parser as kserve_parser
 
-from predictor.http.server_limits import HttpLimits
+from predictor.http.server import HttpLimits
 from predictor.serving.body_limits import DEFAULT_MAX_BODY_BYTES
 
 

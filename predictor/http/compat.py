@@ -10,18 +10,18 @@ time.
   KServe's parser as a ``parents=`` parser would give the underscore spellings only, which vLLM's parser rewrites
   to dashes before matching);
 - KServe: the model-server parser's actions; ``ModelServer._rest_server`` (the uvicorn server it builds,
-  configured by :class:`predictor.http.server_limits.ClefModelServer`) and ``ModelServer._grpc_server`` (the gRPC
+  configured by :class:`predictor.http.server.ClefModelServer`) and ``ModelServer._grpc_server`` (the gRPC
   server its ``stop`` stops); ``GRPCServer``'s ``_port``, ``_data_plane``, ``_model_repository_extension`` and
-  ``_server`` (read and set for :class:`~predictor.http.server_limits.ClefGRPCServer`);
-  ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server_limits.ServingSwitch`);
+  ``_server`` (read and set for :class:`~predictor.http.server.ClefGRPCServer`);
+  ``ModelRepositoryExtension._model_registry`` (:class:`~predictor.http.server.ServingSwitch`);
   ``DataPlane.metadata`` listing :data:`KSERVE_REPOSITORY_EXTENSION` whether or not the repository routes are
   open, and answering both server-metadata calls (HTTP ``GET /v2``, gRPC ``ServerMetadata``) from
-  ``ModelServer.dataplane`` (:class:`~predictor.http.server_limits.ClefDataPlane`); and
+  ``ModelServer.dataplane`` (:class:`~predictor.http.server.ClefDataPlane`); and
   ``BaseKServeModel.__init__`` (a base of ``kserve.Model``) assigning ``ready`` and ``engine`` (the setters of
   :class:`predictor.model.ClefModel`); ``RESTServer._register_endpoints`` taking an ImportError of its OpenAI
   endpoints' module as "none to register" (:func:`skip_kserve_openai_endpoints`);
 - uvicorn: ``H11Protocol``'s ``app``, ``conn``, ``cycle``, ``connections``, ``tasks``, ``transport`` and ``loop``
-  (:class:`~predictor.http.server_limits.HeaderDeadlineProtocol`, a subclass).
+  (:class:`~predictor.http.server.HeaderDeadlineProtocol`, a subclass).
 """
 
 from __future__ import annotations

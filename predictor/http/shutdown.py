@@ -37,7 +37,7 @@ class GracefulShutdown:
     uvicorn's own handler stops accepting connections and waits for the requests in flight, and the
     ``drain_hooks`` start (the gRPC server's own drain). A request still unanswered ``drain_s`` seconds
     later is cancelled here and answered 503 with ``Retry-After`` (uvicorn's own graceful timeout, which
-    would cancel it into a 500, is set later than this: :func:`predictor.http.server_limits` does it).
+    would cancel it into a 500, is set later than this: :mod:`predictor.http.server` does it).
 
     Every answer that starts after SIGTERM carries ``Connection: close``, and the server closes the connection
     once it is sent (h11 does for that header): a keep-alive client opens its next connection, to another

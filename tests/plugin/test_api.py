@@ -78,7 +78,7 @@ def test_engine_kwargs_vision() -> None:
     vision = clef_plugin.engine_kwargs("/models/clef", vision=True)
     assert vision["language_model_only"] is False
     assert vision["limit_mm_per_prompt"] == {"image": 16, "video": 4}
-    from clef_plugin.compat import processed_videos_supported
+    from clef_plugin.compat.processed_images import processed_videos_supported
 
     assert processed_videos_supported()  # this vLLM's video items carry the frame times
     assert vision["enable_mm_embeds"] is True
@@ -133,36 +133,6 @@ def test_engine_prompt_cuts_each_image_and_video_to_one_pad() -> None:
     assert prompt["multi_modal_uuids"] == {"image": ["0a0b:0", "0a0b:1"], "video": ["0a0b:video:0"]}
     text = EncodedRequest(input_ids=[1, 2, 3], layout=LAYOUT)
     assert clef_plugin.engine_prompt(text, pad, video_pad) == {"prompt_token_ids": [1, 2, 3]}
-
-
-def test_processed_images_parse_as_passthrough_pixels() -> None:
-    """Pins vLLM's data parser: a dict image item is pixels and a grid, passed through, one item a grid row."""
-    from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser
-    from vllm.multimodal.parse import DictEmbeddingItems
-
-    from clef_plugin.compat import processed_image_parser
-
-    parser = processed_image_parser(Qwen2VLMultiModalDataParser)(2)
-    items = parser.parse_mm_data(
-        {"image": {"pixel_values": torch.zeros(20, 4), "image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 2]])}}
-    )["image"]
-    assert isinstance(items, DictEmbeddingItems) and len(items) == 2
-    assert set(items.get_passthrough_data()) == {"pixel_values", "image_grid_thw"}
-    with pytest.raises(ValueError, match="should contain the fields"):
-        parser.parse_mm_data(
-            {"image": {"image_embeds": torch.zeros(5, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])}}
-        )
-    timestamps = [torch.tensor([0.25, 1.5], dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64)]
-    video = {
-        "pixel_values_videos": torch.zeros(20, 4),
-        "video_grid_thw": torch.tensor([[2, 2, 4], [1, 2, 2]]),
-        "timestamps": timestamps,
-    }
-    videos = parser.parse_mm_data({"video": video})["video"]
-    assert isinstance(videos, DictEmbeddingItems) and len(videos) == 2
-    assert set(videos.get_passthrough_data()) == {"pixel_values_videos", "video_grid_thw", "timestamps"}
-    with pytest.raises(ValueError, match="should contain the fields"):
-        parser.parse_mm_data({"video": {key: value for key, value in video.items() if key != "timestamps"}})
 
 
 def test_prefill_capture_sizes() -> None:

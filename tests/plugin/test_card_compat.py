@@ -117,8 +117,8 @@ def test_a_request_without_either_layout_key_is_refused() -> None:
 @pytest.mark.vllm
 def test_register_adds_the_card_architecture() -> None:
     from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from clef_plugin.compat import MODELS_CONFIG_MAP
     from clef_plugin.engine_config import ClefEngineConfig
 
     clef_plugin.register()

@@ -64,6 +64,21 @@ def start_predictor(tmp: Path, *args: str, env: dict[str, str] | None = None) ->
     return start_server(tmp, command, port, env)
 
 
+def tiny_server_args(release: Path | None, *, max_model_len: int = 512, max_batch: int = 4) -> list[str]:
+    """``python -m predictor``'s arguments for a small test server on the transformers engine: ``release`` (None:
+    the demo release), prompts up to ``max_model_len`` tokens, batches of at most ``max_batch``."""
+    model_dir = [] if release is None else ["--model-dir", str(release)]
+    return [
+        *model_dir,
+        "--engine",
+        "transformers",
+        "--max-model-len",
+        str(max_model_len),
+        "--max-batch",
+        str(max_batch),
+    ]
+
+
 USER_ABSENT_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
 """Settings a user of the card's command does not have: vLLM sizes its own cache and spawns its engine core."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -209,15 +224,6 @@ def _close(actual: object, expected: object, atol: float, where: str) -> None:
         assert isinstance(actual, (int, float)) and abs(actual - expected) <= atol, (where, actual, expected)
     else:
         assert actual == expected, (where, actual, expected)
-
-
-@pytest.fixture(scope="session")
-def predictor_env() -> Iterator[None]:
-    """The serving extra and the test client's SDK: a broken install fails here, before a server starts."""
-    import kserve  # noqa: F401
-    import typesafe_sdk  # noqa: F401
-
-    yield
 
 
 @pytest.fixture(scope="session")

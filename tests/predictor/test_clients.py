@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop, tiny_server_args
 
 SDK_DEFAULT = "jev-latest"
 API_KEY = "any-key"
@@ -33,14 +33,8 @@ concurrent ones are shed."""
 def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-clients"),
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
-        "--max-model-len",
-        "2048",  # hev-rerank's prompt: a query, documents and a question per document
-        "--max-batch",
-        "8",
+        # hev-rerank's prompt: a query, documents and a question per document
+        *tiny_server_args(toy_release, max_model_len=2048, max_batch=8),
         "--max-queued-requests",
         str(MAX_QUEUED),
     )

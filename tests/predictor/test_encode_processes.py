@@ -42,20 +42,11 @@ from tests.predictor.conftest import (
     simple_request,
     start_predictor,
     stop,
+    tiny_server_args,
 )
 
 MAX_MODEL_LEN = 512
 PROCESSES = 2
-SERVER_ARGS = (
-    "--engine",
-    "transformers",
-    "--max-model-len",
-    str(MAX_MODEL_LEN),
-    "--max-batch",
-    "8",
-    "--state-overflow",
-    "refuse",
-)
 
 BAD_BODIES: dict[str, bytes] = {
     "malformed json": b'{"model": ',
@@ -262,9 +253,9 @@ def in_process(toy_release: Path) -> dict[str, tuple[int, Any]]:
 def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-encode-processes"),
-        "--model-dir",
-        str(toy_release),
-        *SERVER_ARGS,
+        *tiny_server_args(toy_release, max_model_len=MAX_MODEL_LEN, max_batch=8),
+        "--state-overflow",
+        "refuse",
         "--encode-processes",
         str(PROCESSES),
     )

@@ -23,6 +23,7 @@ from tests.predictor.conftest import (
     simple_request,
     start_predictor,
     stop,
+    tiny_server_args,
 )
 
 KEY = "grpc-key"
@@ -39,14 +40,7 @@ def grpc_server(
     port = free_port()
     running = start_predictor(
         tmp,
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
-        "--max-model-len",
-        "512",
-        "--max-batch",
-        "4",
+        *tiny_server_args(toy_release),
         "--api-key-file",
         str(key_file),
         "--max-body-bytes",

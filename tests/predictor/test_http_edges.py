@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop, tiny_server_args
 
 KEY = "edge-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,14 +29,7 @@ def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predicto
     try:
         running = start_predictor(
             tmp_path_factory.mktemp("predictor-edges"),
-            "--model-dir",
-            str(toy_release),
-            "--engine",
-            "transformers",
-            "--max-model-len",
-            "512",
-            "--max-batch",
-            "4",
+            *tiny_server_args(toy_release),
             "--enable-model-repository",
             "--shutdown-delay",
             "0",

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop, tiny_server_args
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +22,9 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -
     tmp = tmp_path_factory.mktemp("predictor-demo")
     running = start_predictor(
         tmp,
-        "--engine",
-        "transformers",
+        *tiny_server_args(None),
         "--dp",
         "2",
-        "--max-model-len",
-        "512",
-        "--max-batch",
-        "4",
         "--demo-cache-dir",
         str(tmp / "cache"),
         "--drain-timeout",

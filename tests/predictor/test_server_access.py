@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop, tiny_server_args
 
 KEY, SECOND_KEY, ENV_KEY = "key-one", "key-two", "key-from-env"
 ALIAS = "clef-latest"
@@ -31,14 +31,7 @@ def server(
     """A server that needs a key (PROBES and warm-up polling are exempt or answered 401, see below)."""
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-access"),
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--max-batch",
-        "4",
+        *tiny_server_args(toy_release, max_model_len=MAX_MODEL_LEN),
         "--warmup-rounds",
         "1",
         "--api-key-file",

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from reliability.image_files import image_file, png_bomb, truncated
-from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop, tiny_server_args
 
 PHOTO = image_file(448, 448, seed=1)
 SCAN = image_file(300, 200, file_format="JPEG", seed=2)
@@ -40,15 +40,8 @@ QUESTIONS: dict[str, Any] = {
 def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predictor_env: None) -> Iterator[Predictor]:
     running = start_predictor(
         tmp_path_factory.mktemp("predictor-vision"),
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
+        *tiny_server_args(toy_release, max_model_len=4096),
         "--vision",
-        "--max-model-len",
-        "4096",
-        "--max-batch",
-        "4",
     )
     yield running
     assert stop(running) == 0, running.log()[-3000:]

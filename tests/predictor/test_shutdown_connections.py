@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.predictor.conftest import Predictor, simple_request, start_predictor, stop
+from tests.predictor.conftest import Predictor, simple_request, start_predictor, stop, tiny_server_args
 
 DELAY_S = 6
 
@@ -48,14 +48,7 @@ def test_answers_after_sigterm_close_keep_alive_connections(
 ) -> None:
     server = start_predictor(
         tmp_path,
-        "--model-dir",
-        str(toy_release),
-        "--engine",
-        "transformers",
-        "--max-model-len",
-        "512",
-        "--max-batch",
-        "4",
+        *tiny_server_args(toy_release),
         "--shutdown-delay",
         str(DELAY_S),
         "--drain-timeout",

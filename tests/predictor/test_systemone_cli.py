@@ -142,7 +142,7 @@ def test_card_routes_answer_after_warm_up(card_server: Predictor) -> None:
 
 
 def test_help_states_the_true_host_default() -> None:
-    from predictor.http.server_limits import HttpLimits
+    from predictor.http.server import HttpLimits
     from predictor.systemone_cli import DEFAULT_HOST
 
     assert DEFAULT_HOST == HttpLimits().host == cli.build_parser().parse_args([]).host

@@ -194,11 +194,11 @@ def test_vllm_owns_its_engine_arguments() -> None:
 
 def test_videos_follow_the_engine_auto_ends_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--engine auto`` reads videos as the engine it ends on: on a vLLM that takes no processed videos, none."""
-    import clef_plugin.compat
+    import clef_plugin.compat.processed_images
     import predictor.engines
     from predictor.engines.engine_args import engine_reads_videos
 
-    monkeypatch.setattr(clef_plugin.compat, "processed_videos_supported", lambda: False)
+    monkeypatch.setattr(clef_plugin.compat.processed_images, "processed_videos_supported", lambda: False)
     monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested in ("auto", "vllm"))
     assert not engine_reads_videos("auto") and not engine_reads_videos("vllm")
     monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested == "vllm")
@@ -419,14 +419,3 @@ def test_vllm_flags_are_read_only_when_the_vllm_engine_can_serve(
     with pytest.raises(SystemExit):
         parser.parse_args(["--engine", "transformers", "--tensor-parallel-size", "2"])
     assert "--tensor-parallel-size" in capsys.readouterr().err
-
-
-def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
-    from bench.load import HOT_BODIES, bench_request
-
-    def distinct(fraction: float) -> int:
-        return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})
-
-    assert distinct(0.0) == 400 and distinct(1.0) == HOT_BODIES
-    assert 150 < distinct(0.5) < 250
-    assert bench_request(7, "m", 0.5) == bench_request(7, "m", 0.5)

@@ -1,5 +1,5 @@
-"""The load tool's HTTP client (``bench.load.http_load``) and ``bench.load_client_ceiling``, which
-measures how fast a client can go against a server that costs nothing."""
+"""The load tool's HTTP client (``bench.load.http_load``) and request bodies, and ``bench.load_client_ceiling``,
+which measures how fast a client can go against a server that costs nothing."""
 
 from __future__ import annotations
 
@@ -61,3 +61,14 @@ def test_ceiling_script_loads_both_servers_with_both_clients() -> None:
         for row in rows
         if row["server"] == "rate"
     )
+
+
+def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
+    from bench.load import HOT_BODIES, bench_request
+
+    def distinct(fraction: float) -> int:
+        return len({json.dumps(bench_request(index, "m", fraction), sort_keys=True) for index in range(400)})
+
+    assert distinct(0.0) == 400 and distinct(1.0) == HOT_BODIES
+    assert 150 < distinct(0.5) < 250
+    assert bench_request(7, "m", 0.5) == bench_request(7, "m", 0.5)

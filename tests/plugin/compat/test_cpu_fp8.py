@@ -1,4 +1,4 @@
-"""FP8 W8A8 layers on a CPU run PyTorch's row-wise ``_scaled_mm`` (clef_plugin.compat.row_wise_fp8_on_cpu).
+"""FP8 W8A8 layers on a CPU run PyTorch's row-wise ``_scaled_mm`` (clef_plugin.compat.cpu_fp8).
 
 These pin the vLLM internals the function edits (its CPU FP8 kernel list and the kernels it places ours between),
 check which kernel vLLM then selects for the FP8 release's scheme and for others, and that the row-wise kernel's
@@ -76,7 +76,7 @@ def test_the_fp8_release_scheme_gets_the_row_wise_kernel_and_others_keep_theirs(
         kFp8StaticTensorSym,
     )
 
-    from clef_plugin.compat import row_wise_fp8_on_cpu
+    from clef_plugin.compat.cpu_fp8 import row_wise_fp8_on_cpu
 
     release_scheme = layer_config(kFp8DynamicTokenSym, kFp8StaticChannelSym)  # FP8_DYNAMIC: clef_tools.quantize
     others = [
@@ -103,7 +103,7 @@ def test_row_wise_products_equal_the_channel_wise_kernel(cpu_fp8_kernels: list[t
     from vllm.model_executor.kernels.linear.scaled_mm.pytorch import ChannelWiseTorchFP8ScaledMMLinearKernel
     from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8DynamicTokenSym, kFp8StaticChannelSym
 
-    from clef_plugin.compat import row_wise_fp8_on_cpu
+    from clef_plugin.compat.cpu_fp8 import row_wise_fp8_on_cpu
 
     kernel = row_wise_fp8_on_cpu()
     assert kernel is not None

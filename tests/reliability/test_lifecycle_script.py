@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from tests.predictor.conftest import tiny_server_args
+
 
 def test_sigterm_under_load_gets_no_500(toy_release: Path, tmp_path: Path, predictor_env: None) -> None:
     from reliability.lifecycle import run
@@ -13,14 +15,7 @@ def test_sigterm_under_load_gets_no_500(toy_release: Path, tmp_path: Path, predi
         run(
             "sigterm",
             [
-                "--model-dir",
-                str(toy_release),
-                "--engine",
-                "transformers",
-                "--max-model-len",
-                "512",
-                "--max-batch",
-                "4",
+                *tiny_server_args(toy_release),
             ],
             clients=4,
             load_seconds=3,
@@ -52,14 +47,7 @@ def test_sigterm_with_256_clients_in_flight_past_the_drain(
         run(
             "sigterm",
             [
-                "--model-dir",
-                str(toy_release),
-                "--engine",
-                "transformers",
-                "--max-model-len",
-                "512",
-                "--max-batch",
-                "4",
+                *tiny_server_args(toy_release),
                 "--max-queued-requests",
                 "256",
                 "--max-queue-wait-s",

@@ -1,4 +1,4 @@
-"""Pins what ``predictor.http.server_limits`` and ``predictor.http.grpc_access`` lean on in uvicorn, KServe and
+"""Pins what ``predictor.http.server`` and ``predictor.http.grpc_access`` lean on in uvicorn, KServe and
 grpcio."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from predictor.core.errors import Unavailable
 from predictor.http.auth import ApiKeys
 from predictor.http.errors import bad_request
 from predictor.http.grpc_access import AccessInterceptor, grpc_status
-from predictor.http.server_limits import HttpLimits, ServingSwitch, bounded_protocol
+from predictor.http.server import HttpLimits, ServingSwitch, bounded_protocol
 from predictor.serving.lifecycle import Lifecycle, Phase
 
 
@@ -164,7 +164,7 @@ def test_access_interceptor_needs_a_key_for_every_method_and_closes_the_reposito
 def test_the_data_plane_lists_the_repository_extension_only_when_enabled() -> None:
     from kserve.model_repository import ModelRepository
 
-    from predictor.http.server_limits import ClefDataPlane
+    from predictor.http.server import ClefDataPlane
 
     assert ClefDataPlane(ModelRepository(), enable_model_repository=False).metadata()["extensions"] == []
     opened = ClefDataPlane(ModelRepository(), enable_model_repository=True).metadata()

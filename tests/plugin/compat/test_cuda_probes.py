@@ -1,4 +1,4 @@
-"""Importing the plugin leaves CUDA uninitialised in the main process (clef_plugin.compat.cuda_left_uninitialised).
+"""Importing the plugin leaves CUDA uninitialised in the main process (clef_plugin.compat.cuda_probes).
 
 vLLM forks its engine core unless CUDA is initialised in the process that starts it; vLLM 0.26's Qwen3.5 modules
 probe the device while they are imported (its copy of FLA reads the device's name and capability and Triton's target),
@@ -69,15 +69,15 @@ class StandInDriverConfig:
 def cuda_machine(monkeypatch: pytest.MonkeyPatch) -> StandInDriverConfig:
     """A main process on a CUDA machine that has not initialised CUDA: torch's probes fail if reached, Triton is the
     stand-in above (not created yet)."""
-    from clef_plugin import compat
+    from clef_plugin.compat import cuda_probes
 
-    for name in compat.DEVICE_PROBES:
+    for name in cuda_probes.DEVICE_PROBES:
         monkeypatch.setattr(torch.cuda, name, _reached(name))
     config = StandInDriverConfig()
     triton = types.ModuleType("triton")
     triton.runtime = types.SimpleNamespace(driver=config)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "triton", triton)
-    monkeypatch.setattr(compat, "_answers_device_probes", lambda: True)
+    monkeypatch.setattr(cuda_probes, "_answers_device_probes", lambda: True)
     return config
 
 
@@ -98,7 +98,7 @@ def import_time_probes() -> dict[str, Any]:
 
 
 def test_probes_inside_the_block_are_answered_from_the_facts(cuda_machine: StandInDriverConfig) -> None:
-    from clef_plugin.compat import DEVICE_PROBES, cuda_left_uninitialised
+    from clef_plugin.compat.cuda_probes import DEVICE_PROBES, cuda_left_uninitialised
 
     originals = {name: getattr(torch.cuda, name) for name in DEVICE_PROBES}
     with cuda_left_uninitialised(facts=lambda: FACTS):
@@ -121,27 +121,27 @@ def test_probes_inside_the_block_are_answered_from_the_facts(cuda_machine: Stand
 
 
 def test_the_block_is_left_alone_where_nothing_needs_answering(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clef_plugin import compat
+    from clef_plugin.compat import cuda_probes
 
     def facts() -> dict[str, list[Any]]:
         raise AssertionError("no child process is needed here")
 
-    monkeypatch.setattr(compat, "_answers_device_probes", lambda: False)
+    monkeypatch.setattr(cuda_probes, "_answers_device_probes", lambda: False)
     available = torch.cuda.is_available
-    with compat.cuda_left_uninitialised(facts=facts):
+    with cuda_probes.cuda_left_uninitialised(facts=facts):
         assert torch.cuda.is_available is available
 
 
 def test_a_child_that_fails_leaves_the_imports_as_they_were(
     cuda_machine: StandInDriverConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from clef_plugin.compat import cuda_left_uninitialised
+    from clef_plugin.compat.cuda_probes import cuda_left_uninitialised
 
     def facts() -> dict[str, list[Any]]:
         raise RuntimeError("no CUDA in the child")
 
     with (
-        caplog.at_level(logging.WARNING, logger="clef_plugin.compat"),
+        caplog.at_level(logging.WARNING, logger="clef_plugin.compat.cuda_probes"),
         cuda_left_uninitialised(facts=facts),
         pytest.raises(AssertionError, match="get_device_name"),
     ):
@@ -150,7 +150,7 @@ def test_a_child_that_fails_leaves_the_imports_as_they_were(
 
 
 def test_an_import_that_fails_inside_the_block_restores_torch(cuda_machine: StandInDriverConfig) -> None:
-    from clef_plugin.compat import cuda_left_uninitialised
+    from clef_plugin.compat.cuda_probes import cuda_left_uninitialised
 
     name = torch.cuda.get_device_name
     with pytest.raises(ImportError), cuda_left_uninitialised(facts=lambda: FACTS):
@@ -163,7 +163,7 @@ def test_only_a_main_process_of_a_cuda_build_without_cuda_initialised_is_shielde
 ) -> None:
     import multiprocessing
 
-    from clef_plugin.compat import _answers_device_probes
+    from clef_plugin.compat.cuda_probes import _answers_device_probes
 
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
@@ -201,15 +201,38 @@ def test_the_facts_come_back_from_a_forked_child(monkeypatch: pytest.MonkeyPatch
     module's own import holds) and sends its result back; an error there is raised here."""
     import os
 
-    from clef_plugin import compat
+    from clef_plugin.compat import cuda_probes
 
-    monkeypatch.setattr(compat, "device_facts", lambda: {**FACTS, "pid": [os.getpid()]})
-    facts = compat.facts_from_child()
+    monkeypatch.setattr(cuda_probes, "device_facts", lambda: {**FACTS, "pid": [os.getpid()]})
+    facts = cuda_probes.facts_from_child()
     assert facts["names"] == FACTS["names"] and facts["pid"] != [os.getpid()]
 
     def fails() -> dict[str, list[Any]]:
         raise RuntimeError("CUDA error: no device")
 
-    monkeypatch.setattr(compat, "device_facts", fails)
+    monkeypatch.setattr(cuda_probes, "device_facts", fails)
     with pytest.raises(RuntimeError, match="no device"):
-        compat.facts_from_child()
+        cuda_probes.facts_from_child()
+
+
+def test_one_child_answers_the_imports_of_every_module_of_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each module of clef_plugin.compat imports vLLM inside the block: the facts are read in a child once."""
+    from clef_plugin.compat import cuda_probes
+
+    reads: list[int] = []
+
+    def facts() -> dict[str, list[Any]]:
+        reads.append(1)
+        return FACTS
+
+    monkeypatch.setattr(cuda_probes, "facts_from_child", facts)
+    cuda_probes.facts_read_once.cache_clear()
+    try:
+        assert cuda_probes.facts_read_once() is cuda_probes.facts_read_once() is FACTS
+    finally:
+        cuda_probes.facts_read_once.cache_clear()
+    assert len(reads) == 1
+    assert (
+        inspect.signature(cuda_probes.cuda_left_uninitialised).parameters["facts"].default
+        is cuda_probes.facts_read_once
+    )

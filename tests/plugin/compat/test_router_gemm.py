@@ -1,4 +1,4 @@
-"""vLLM's router-GEMM warm-up is skipped for Clef's model only (clef_plugin.compat.skip_router_gemm_warmup).
+"""vLLM's router-GEMM warm-up is skipped for Clef's model only (clef_plugin.compat.router_gemm).
 
 vLLM 0.26 (the GPU release) compiles CuTe-DSL GEMMs for DeepSeek-sized MoE routers at every engine start on SM90,
 whatever the model; the plugin replaces that function in its module while a Clef model is alive in the process.
@@ -22,13 +22,13 @@ def test_vllm_still_calls_its_router_gemm_warmup_by_its_module_name() -> None:
     """The symbol the plugin replaces exists, and ``kernel_warmup`` looks it up in its module at call time."""
     from vllm.model_executor.warmup import kernel_warmup
 
-    from clef_plugin.compat import ROUTER_GEMM_WARMUP
+    from clef_plugin.compat.router_gemm import ROUTER_GEMM_WARMUP
 
     assert callable(getattr(kernel_warmup, ROUTER_GEMM_WARMUP, None)), (
-        f"vLLM no longer has kernel_warmup.{ROUTER_GEMM_WARMUP}: re-check clef_plugin.compat.skip_router_gemm_warmup"
+        f"vLLM no longer has kernel_warmup.{ROUTER_GEMM_WARMUP}: re-check clef_plugin/compat/router_gemm.py"
     )
     assert f"{ROUTER_GEMM_WARMUP}(" in inspect.getsource(kernel_warmup.kernel_warmup), (
-        f"kernel_warmup() no longer calls {ROUTER_GEMM_WARMUP}: re-check clef_plugin.compat.skip_router_gemm_warmup"
+        f"kernel_warmup() no longer calls {ROUTER_GEMM_WARMUP}: re-check clef_plugin/compat/router_gemm.py"
     )
 
 
@@ -38,15 +38,15 @@ def argless_warmup(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     model of an earlier test in this process counts (the plugin's set of them starts empty)."""
     from vllm.model_executor.warmup import kernel_warmup
 
-    from clef_plugin import compat
+    from clef_plugin.compat import router_gemm
 
     calls: list[str] = []
-    monkeypatch.setattr(compat, "_ROUTERLESS_MODELS", weakref.WeakSet())
+    monkeypatch.setattr(router_gemm, "_ROUTERLESS_MODELS", weakref.WeakSet())
 
     def warmup() -> None:
         calls.append("warmed up")
 
-    monkeypatch.setattr(kernel_warmup, compat.ROUTER_GEMM_WARMUP, warmup)
+    monkeypatch.setattr(kernel_warmup, router_gemm.ROUTER_GEMM_WARMUP, warmup)
     return calls
 
 
@@ -54,7 +54,7 @@ def run_vllm_warmup() -> None:
     """What ``kernel_warmup(worker)`` does: call the function by its name in its module."""
     from vllm.model_executor.warmup import kernel_warmup
 
-    from clef_plugin.compat import ROUTER_GEMM_WARMUP
+    from clef_plugin.compat.router_gemm import ROUTER_GEMM_WARMUP
 
     getattr(kernel_warmup, ROUTER_GEMM_WARMUP)()
 
@@ -65,7 +65,7 @@ def test_the_warmup_runs_for_other_models(argless_warmup: list[str]) -> None:
 
 
 def test_the_warmup_is_skipped_while_a_clef_model_is_alive(argless_warmup: list[str]) -> None:
-    from clef_plugin.compat import skip_router_gemm_warmup
+    from clef_plugin.compat.router_gemm import skip_router_gemm_warmup
 
     clef_model = torch.nn.Linear(2, 2)  # stands in for ClefQwen3_5ForJointSchema, which registers itself
     skip_router_gemm_warmup(clef_model)
@@ -84,7 +84,11 @@ def test_the_installed_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     is. vLLM 0.26's (no arguments) is replaced."""
     from vllm.model_executor.warmup import kernel_warmup
 
-    from clef_plugin.compat import ROUTER_GEMM_WARMUP, RouterGemmWarmupUnlessRouterless, skip_router_gemm_warmup
+    from clef_plugin.compat.router_gemm import (
+        ROUTER_GEMM_WARMUP,
+        RouterGemmWarmupUnlessRouterless,
+        skip_router_gemm_warmup,
+    )
 
     installed = getattr(kernel_warmup, ROUTER_GEMM_WARMUP)
     monkeypatch.setattr(kernel_warmup, ROUTER_GEMM_WARMUP, installed)  # put back after the test

@@ -1,6 +1,6 @@
-"""HTTP limits KServe's ModelServer does not expose: bind address, header size, header read timeout and
-a connection cap, applied to the uvicorn server it builds; and KServe's gRPC server, rebuilt with the same
-bind address and limits behind the API keys.
+"""The predictor's server: KServe's ModelServer (:class:`ClefModelServer`) with the HTTP limits it does not expose
+(bind address, header size, header read timeout and a connection cap, applied to the uvicorn server it builds), and
+KServe's gRPC server (:class:`ClefGRPCServer`), rebuilt with the same bind address and limits behind the API keys.
 
 KServe binds uvicorn to 0.0.0.0 with httptools, which accepts headers of any size and waits forever for a
 request's headers. Here the HTTP protocol is h11 (its ``h11_max_incomplete_event_size`` bounds the bytes
