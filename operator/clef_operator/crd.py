@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from clef_operator.constants import DEPLOYMENT_BACKEND, KSERVE_BACKEND
 from clef_operator.spec import ClefDecisionSpec
 
 GROUP = "clef-serving.io"
@@ -36,7 +37,11 @@ STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "observedGeneration": {"type": "integer", "format": "int64"},
-        "backend": {"type": "string", "enum": ["kserve", "deployment"], "description": "the backend serving the pools"},
+        "backend": {
+            "type": "string",
+            "enum": [KSERVE_BACKEND, DEPLOYMENT_BACKEND],
+            "description": "the backend serving the pools",
+        },
         "poolsReady": {"type": "string", "description": "ready/eligible, e.g. 2/3"},
         "readyPools": _INT32,
         "eligiblePools": _INT32,
