@@ -26,11 +26,11 @@ from clef_cluster import images, node
 from clef_cluster.cluster import Cluster
 from clef_cluster.storage import MODELS_CLAIM, make_volume_folders, namespace_with_claims
 from clef_contract.container import CONTAINER_NAME
-from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
 from predictor.demo import demo_release
 from tests.cluster.helpers import condition, is_ready, pods_of, pool_status
 from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube, cluster_for
 from tests.polling import eventually
+from tests.predictor.conftest import start_predictor, stop, without_timing
 
 NS = "ml-serving"
 EXAMPLE = REPO / "manifests" / "examples" / "clefdecision-real-node.yaml"
@@ -153,25 +153,13 @@ def through_cluster(cluster: Cluster, url: str, *requests: dict[str, Any]) -> li
 @pytest.fixture(scope="module")
 def local(release: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m predictor`` here on the same release with the pod's arguments (``--engine=auto``); its URL."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("local-predictor") / "predictor.log"
-    args = [
-        f"--model-dir={release}", f"--model-name={MODEL}", "--engine=auto", "--max-model-len=4096",
-        f"--http_port={port}", "--host=127.0.0.1",
-    ]  # fmt: skip
-    with log.open("wb") as stream:
-        try:
-            server = start_and_wait(
-                [sys.executable, "-m", "predictor", *args],
-                lambda: http_ok(f"http://127.0.0.1:{port}/v1/models/{MODEL}"),
-                START_S, interval=0.5, what="the local predictor", stdout=stream, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        except NotReady as exc:
-            pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-5000:]}")
+    server = start_predictor(
+        tmp_path_factory.mktemp("local-predictor"), f"--model-dir={release}", "--engine=auto", "--max-model-len=4096"
+    )
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        stop_process(server, timeout=120)
+        stop(server, timeout=120)
 
 
 def locally(url: str, *requests: dict[str, Any]) -> list[dict[str, Any]]:
@@ -184,11 +172,6 @@ def locally(url: str, *requests: dict[str, Any]) -> list[dict[str, Any]]:
             )  # fmt: skip
             answers.append({"status": response.status_code, "body": response.json()})
         return answers
-
-
-def without_timing(answer: dict[str, Any]) -> dict[str, Any]:
-    """An answer less what differs between two servers' answers to one request (its id, timings)."""
-    return {key: value for key, value in answer.items() if key not in ("id", "created", "usage", "timing")}
 
 
 def parse_time(text: str) -> datetime.datetime:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
@@ -23,9 +22,10 @@ import pytest
 from clef_cluster import images, oci
 from clef_contract.container import COMMAND
 from clef_contract.predictor import MODEL_DIR, PREDICTOR_GID, PREDICTOR_HOME, PREDICTOR_UID
-from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
+from clef_tools.local_server import free_port, http_ok
 from predictor.demo import demo_release
 from tests.images.containerd import Containerd
+from tests.predictor.conftest import start_predictor, stop, without_timing
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600
@@ -128,30 +128,14 @@ def test_predictor_image_answers_system_one_as_the_local_predictor(containerd: C
         containerd.remove_container("predictor")
     assert "transformers" in log.read_text(), log.read_text()[-3000:]
 
-    local_port = free_port()
-    local_log = tmp_path / "local.log"
-    with local_log.open("wb") as stream:
-        try:
-            local = start_and_wait(
-                [str(REPO / ".venv" / "bin" / "python"), "-m", "predictor", f"--model-dir={release}",
-                 "--model-name=clef-flash", "--engine=auto", f"--http_port={local_port}", "--host=127.0.0.1"],
-                lambda: http_ok(f"http://127.0.0.1:{local_port}/v1/models/clef-flash"),
-                STARTUP_TIMEOUT_S, interval=0.5, what="the local predictor", stdout=stream, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        except NotReady as exc:
-            pytest.fail(f"{exc}:\n{local_log.read_text(errors='replace')[-5000:]}")
+    local = start_predictor(tmp_path / "local", f"--model-dir={release}", "--engine=auto")
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{local_port}", timeout=120) as client:
+        with httpx.Client(base_url=local.url, timeout=120) as client:
             local_answer = client.post("/v1/systemone", json=body)
     finally:
-        stop_process(local, timeout=120)
+        stop(local, timeout=120)
     assert local_answer.status_code == 200, local_answer.text
-    assert _without_timing(in_image.json()) == _without_timing(local_answer.json())
-
-
-def _without_timing(answer: dict[str, Any]) -> dict[str, Any]:
-    """An answer less what differs between two servers' answers to one request (its id, timings)."""
-    return {key: value for key, value in answer.items() if key not in ("id", "created", "usage", "timing")}
+    assert without_timing(in_image.json()) == without_timing(local_answer.json())
 
 
 def test_a_second_build_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:

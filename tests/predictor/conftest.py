@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -164,6 +165,11 @@ def encode_workers(server_pid: int) -> list[int]:
 def stop(server: Predictor, timeout: float = 60) -> int:
     """SIGTERM the server and wait for it to exit; return its exit code."""
     return stop_process(server.process, timeout)
+
+
+def without_timing(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer less what differs between two servers' answers to one request (its id, timings)."""
+    return {key: value for key, value in answer.items() if key not in ("id", "created", "usage", "timing")}
 
 
 def simple_request(state: object = "I was charged twice for my subscription", model: str = MODEL_NAME) -> dict:
