@@ -42,6 +42,10 @@ This module is the one place that leans on vLLM's attention metadata (``FlashAtt
 with more prompts or more tokens than the largest size, decoding requests, images, or another attention backend
 run vLLM's piecewise graphs, as does every step of an engine with tensor parallelism, ``--enforce-eager`` or the
 in-tree CuTe DSL Gated DeltaNet prefill.
+
+One module of ~550 lines on purpose: the capture, the replay and the launch sizing rest on the one padding
+invariant described above (padding rows never meet a real token), and every part reads the same copied
+metadata; split, each part would have to restate that invariant to be read on its own.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ tensors from the scheme's own compressor (float-quantized, nvfp4-pack-quantized)
 ``quantization_config`` in ``config.json`` is written by ``ModelCompressor``. The output therefore
 loads in vLLM (its compressed-tensors FP8 and NVFP4 support; NVFP4 needs a GPU) and in transformers
 (compressed-tensors decompresses it).
+
+One module of ~440 lines on purpose: both schemes share the streaming, the module targeting and the layout
+writer; NVFP4 adds only its calibration and fused-group scales, which read the same targets.
 """
 
 from __future__ import annotations
