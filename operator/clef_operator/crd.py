@@ -16,6 +16,7 @@ import yaml
 
 from clef_operator.constants import DEPLOYMENT_BACKEND, KSERVE_BACKEND
 from clef_operator.spec import ClefDecisionSpec
+from clef_operator.status import POOL_STATES
 
 GROUP = "clef-serving.io"
 VERSION = "v1alpha1"
@@ -64,7 +65,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                     },
                     "state": {
                         "type": "string",
-                        "enum": ["Serving", "Pending", "Degraded", "Ineligible", "Failed", "Conflict"],
+                        "enum": list(POOL_STATES),
                     },
                     "variant": {"type": "object", "properties": {"quantization": _STR, "storageUri": _STR}},
                     "inferenceService": _STR,

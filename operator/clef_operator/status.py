@@ -24,6 +24,8 @@ DEGRADED = "Degraded"  # not eligible right now; its InferenceService is kept un
 INELIGIBLE = "Ineligible"  # not eligible; no InferenceService
 FAILED = "Failed"  # a write refused for this pool, or the spec asks what its backend cannot do (predictorMessage)
 CONFLICT = "Conflict"  # the InferenceService name is held by an object this ClefDecision does not own
+POOL_STATES = (SERVING, PENDING, DEGRADED, INELIGIBLE, FAILED, CONFLICT)
+"""Every status.pools[].state (the CRD's enum)."""
 # status.pools[].predictorReason of a Conflict.
 NAME_COLLISION = "NameCollision"  # held by another ClefDecision's InferenceService
 NAME_TAKEN = "NameTaken"  # held by an InferenceService no ClefDecision owns

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import pytest
 
 from clef_operator import status as s
 from clef_operator.__main__ import build_parser
+from clef_operator.constants import DEPLOYMENT_BACKEND, KSERVE_BACKEND
+from clef_operator.crd import STATUS_SCHEMA
 from clef_operator.pools import GpuInfo, GpuNode, NodePool, PoolDecision, group_into_pools, pool_labels_carried
 from clef_operator.spec import InvalidSpecError, check_host_path, parse_duration, parse_spec
+from tests.crd_schema import to_json_schema
 
 MODEL = {"storageUri": "s3://bucket/clef-flash-fp8"}
 
@@ -228,3 +232,70 @@ def test_kopf_watches_and_calls_are_bounded() -> None:
     assert settings.watching.connect_timeout == settings.networking.connect_timeout == 30
     assert settings.networking.request_timeout == 60
     assert settings.peering.lifetime == 20  # kopf's 60 s kept a killed operator's restart paused ~56 s
+
+
+def _deployment(ready: bool) -> dict[str, Any]:
+    available = 1 if ready else 0
+    return {
+        "metadata": {"name": "clef-a", "namespace": "ml", "generation": 2},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": 2, "updatedReplicas": 1, "availableReplicas": available},
+    }
+
+
+def _every_pool_entry() -> list[dict[str, Any]]:
+    """A status.pools[] entry of every state, both backends, ready and not, with every optional field set."""
+    entries = [
+        s.build_pool_status(_decision("a", True), state=state, isvc_name="clef-a", isvc=_isvc(ready))
+        for state in (s.SERVING, s.DEGRADED)
+        for ready in (True, False)
+    ]
+    entries += [
+        s.build_pool_status(
+            _decision("a", True),
+            state=state,
+            isvc_name="clef-a",
+            isvc=_deployment(ready),
+            backend=DEPLOYMENT_BACKEND,
+            degraded_since="2026-12-06T05:00:00Z",
+            removal_at="2026-12-06T05:10:00Z",
+        )
+        for state in (s.SERVING, s.DEGRADED)
+        for ready in (True, False)
+    ]
+    entries.append(s.build_pool_status(_decision("p", True), state=s.PENDING, isvc_name=None, isvc=None))
+    entries.append(s.build_pool_status(_decision("i", False), state=s.INELIGIBLE, isvc_name=None, isvc=None))
+    entries.append(
+        s.build_pool_status(_decision("f", True), state=s.FAILED, isvc_name="clef-f", isvc=None, message="refused")
+    )
+    entries.append(
+        s.build_pool_status(
+            _decision("c", True),
+            state=s.CONFLICT,
+            isvc_name="clef-c",
+            isvc=None,
+            message="held by another",
+            predictor_reason=s.NAME_COLLISION,
+        )
+    )
+    return entries
+
+
+def test_every_status_the_builders_write_is_in_the_crds_status_schema() -> None:
+    """The CRD's status schema (clef_operator.crd, hand-written beside the builders) keeps every field and value
+    the builders write: the API server would prune an unknown field silently, and refuse an unknown enum value."""
+    validator = jsonschema.Draft202012Validator(to_json_schema(STATUS_SCHEMA))
+    entries = _every_pool_entry()
+    assert {entry["state"] for entry in entries} == set(s.POOL_STATES)
+    statuses = [
+        s.build_status(generation=1, pools=entries, now="2026-12-06T05:00:00Z", backend=backend)
+        for backend in (KSERVE_BACKEND, DEPLOYMENT_BACKEND)
+    ]
+    statuses += [
+        s.build_status(generation=1, pools=[], kserve_installed=False, now="2026-12-06T05:00:00Z"),
+        s.build_status(generation=1, pools=[], invalid_spec="spec.x: bad", now="2026-12-06T05:00:00Z"),
+        s.build_status(generation=1, pools=entries[:1], missing=["gone"], now="2026-12-06T05:00:00Z"),
+    ]
+    for status in statuses:
+        problems = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(status)]
+        assert problems == [], problems
