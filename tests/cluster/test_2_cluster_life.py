@@ -222,6 +222,16 @@ def test_operator_killed_at_twenty_random_moments_converges(
     kube.apply(stay.node(0), shared.node(0))
     nodes_to_remove.extend([stay.node_name(0), stay.node_name(1), shared.node_name(0), comes_and_goes.node_name(0)])
     operator.kill()
+    try:
+        killed_while_changing(kube, operator, rng, ns, stay, shared, comes_and_goes)
+    finally:  # its ClefDecision serves every pool of the label key: later scenarios' pools too, if it stayed
+        kube.run("delete", "namespace", ns, "--ignore-not-found", "--wait=true", DELETE_WAIT)
+
+
+def killed_while_changing(
+    kube: Kube, operator: Operator, rng: random.Random, ns: str, stay: GpuPool, shared: GpuPool, comes_and_goes: GpuPool
+) -> None:
+    """The kill scenario's body: its ClefDecisions, changes and kills, and the state they converge to."""
     # Every pool of the label key (an included pool without nodes would keep the ClefDecision from being Ready).
     start(kube, ns, [], nodePools={"labelKey": LABEL_KEY, "removalGracePeriod": "2s"})
     kube.apply(decision("life-kill-other", [shared.name], metadata={"namespace": ns}))
@@ -340,7 +350,12 @@ def test_namespace_deletion_removes_everything(kube: Kube, operator: Operator, n
     pool = serving_pool(kube, nodes_to_remove, "life-nsdel", "nsdel")
     kube.run("delete", "namespace", "life-nsdel", "--wait=true", "--timeout=90s")
     assert kube.get("namespace", "life-nsdel") is None
-    assert not [p for p in kube.get("pods") if p["spec"].get("nodeName") == pool.node_name(0)]
+    left = [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in kube.get("pods")
+        if p["spec"].get("nodeName") == pool.node_name(0)
+    ]
+    assert left == [], f"pods left on the deleted namespace's node: {left}"
     assert "Traceback" not in operator.log_text()
 
 
