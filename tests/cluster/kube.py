@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -160,6 +161,9 @@ def cluster_for(tmp_path_factory: pytest.TempPathFactory, name: str, **options: 
         yield running
     finally:
         down(folder)
+        # The real node's image store (each layer and its unpacked copy: 11 GB with the CPU predictor image) goes
+        # with the block; the logs stay. Kept, it would hold that disk while the suite's other clusters import theirs.
+        shutil.rmtree(running.node.folder / "containerd" / "root", ignore_errors=True)
 
 
 def install_chart(kube: Kube) -> dict[str, Any]:
