@@ -9,7 +9,8 @@ client, one at a time: one image of ``--image-size`` (the first image after read
 of :data:`OTHER_SIZE` (the first of another size), ``--image-requests`` more of ``--image-size``, ``--four-requests``
 with four images of that size each (none unless asked), then ``--text-requests`` text requests. Every image is PNG
 noise drawn with a seed of its own and every body has a state of its own, so neither the answer cache nor vLLM's
-caches serve one twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it.
+caches serve one twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it;
+the result also holds the warm-up's time and its image step's (``/metrics`` at ready).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_benchmark.metrics import scrape_timers, timer_means
+from bench.gpu_benchmark.metrics import metric_samples, scrape_timers, timer_means
 from bench.gpu_benchmark.timing import percentiles
 from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
 
 MODEL_NAME = "clef-flash"
 OTHER_SIZE = (448, 448)
+WARMUP_GAUGES = {"clef_warmup_seconds": "warmup_s", "clef_warmup_image_seconds": "warmup_image_step_s"}
+"""The predictor's warm-up gauges and the result's names for them."""
 
 
 def png_data_url(width: int, height: int, seed: int) -> str:
@@ -75,6 +78,15 @@ def phase(client: Any, url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]
     else:
         result["client_ms"] = percentiles(latencies)
     return result
+
+
+def warmup_figures(url: str) -> dict[str, float]:
+    """The warm-up's seconds and its image step's, from the server's ``/metrics``."""
+    return {
+        WARMUP_GAUGES[sample.name]: round(sample.value, 2)
+        for sample in metric_samples(url)
+        if sample.name in WARMUP_GAUGES
+    }
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -142,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             except NotReady as exc:
                 raise SystemExit(f"{exc}; see {args.log}") from None
             result["ready_s"] = round(time.perf_counter() - started, 1)
+            result.update(warmup_figures(url))
             with httpx.Client(timeout=600) as client:
                 result["first_image"] = phase(client, url, [bodies.next([first[0]])])
                 result["second_image"] = phase(client, url, [bodies.next([first[1]])])

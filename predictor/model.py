@@ -1,10 +1,10 @@
 """The KServe model: a thin ``kserve.Model`` over an engine, ready only after warm-up.
 
 ``load()`` builds the engine and launches the encode workers; KServe then runs ``start_engine()`` beside its HTTP
-server, which starts the engine, warms it up (while the workers' probes are checked) and then watches it. The
-model's one state is its :class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and
-once the engine is dead, ``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready``
-answer 503.
+server, which starts the engine, warms it up (while the workers' probes are checked; with ``--vision`` then one
+small image through the engine) and then watches it. The model's one state is its
+:class:`~predictor.serving.lifecycle.Lifecycle`: until warm-up ends, after SIGTERM and once the engine is dead,
+``healthy()`` is False, so ``GET /v1/models/<name>`` and ``/v2/models/<name>/ready`` answer 503.
 
 ``predict`` serves KServe's V1 (``{"instances": [request, ...]}`` → ``{"predictions": [...]}``) and
 V2 (requests as JSON strings in one BYTES input → responses as JSON strings in one BYTES output).
@@ -35,9 +35,12 @@ from predictor.serving.options import DEFAULT_OPTIONS, ServingOptions, build_ser
 from predictor.serving.prepare import decode_json_body
 from predictor.serving.service import ModelCard, SystemOneService
 from predictor.serving.warmup import (
+    ImageWarmup,
     WarmupDoesNotFit,
     WarmupResult,
     WarmupSchema,
+    WarmupStep,
+    run_image_warmup,
     run_warmup,
     warmup_plan,
     warmup_schema,
@@ -71,7 +74,7 @@ class ClefModel(Model):
         self.service: SystemOneService | None = None
         self.watchdog: EngineWatchdog | None = None
         self.warmup: WarmupSchema | None = None
-        self._warming_up: asyncio.Future[WarmupResult] | None = None
+        self._warming_up: asyncio.Future[tuple[WarmupResult, ImageWarmup | None]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -145,30 +148,41 @@ class ClefModel(Model):
             self.options.warmup_rounds,
             self.backend.max_length,
         )
-        warming_up = run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds)
-        self._warming_up = asyncio.ensure_future(warming_up)
+        self._warming_up = asyncio.ensure_future(self._warm_up(plan))
         try:
-            try:  # the encode workers' probes are checked while the engine warms up
-                await self.service.preparer.start(self.service.settings)
-            except BaseException:
-                self._warming_up.cancel()
-                raise
-            warmed = await self._warming_up
+            warmed, image_step = await self._warming_up
         except (asyncio.CancelledError, EngineDead):
             if self.lifecycle.phase not in (Phase.DRAINING, Phase.STOPPED):
                 raise
             log.info("warm-up stopped: the server is shutting down before the model was ready")
             return
         metrics.WARMUP_SECONDS.set(warmed.seconds)
+        metrics.WARMUP_IMAGE_SECONDS.set(image_step.seconds if image_step is not None else 0.0)
         self.service.rate.start_per_second = warmed.tokens_per_s
         self.lifecycle.enter(Phase.OK)
         log.info(
-            "warm-up finished in %.1fs: model %r is ready (admission's start rate: %.0f prompt tokens/s)",
+            "warm-up finished in %.1fs%s: model %r is ready (admission's start rate: %.0f prompt tokens/s)",
             warmed.seconds,
+            f" and its image step in {image_step.seconds:.1f}s" if image_step is not None else "",
             self.name,
             warmed.tokens_per_s,
         )
         await self.watchdog.run()
+
+    async def _warm_up(self, plan: list[WarmupStep]) -> tuple[WarmupResult, ImageWarmup | None]:
+        """The text warm-up (the encode workers' probes are checked meanwhile), then, on a server that reads images,
+        the image step (:func:`run_image_warmup`)."""
+        assert self.backend is not None and self.service is not None and self.warmup is not None
+        text = asyncio.ensure_future(run_warmup(self.backend, self.warmup, plan, self.options.warmup_rounds))
+        try:
+            await self.service.preparer.start(self.service.settings)
+        except BaseException:
+            text.cancel()
+            raise
+        warmed = await text
+        if self.service.vision is None:
+            return warmed, None
+        return warmed, await run_image_warmup(self.backend, self.service.preparer, self.service.settings)
 
     async def healthy(self) -> bool:
         """Readiness (KServe's model routes): warmed up, engine alive, no shutdown begun."""

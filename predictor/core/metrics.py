@@ -38,6 +38,11 @@ BATCH_SIZE = Histogram(
 )
 IN_FLIGHT = Gauge("clef_engine_in_flight", "Records submitted to an engine and not yet answered.", ["engine"])
 WARMUP_SECONDS = Gauge("clef_warmup_seconds", "Duration of the last warm-up, in seconds.")
+WARMUP_IMAGE_SECONDS = Gauge(
+    "clef_warmup_image_seconds",
+    "Duration of the warm-up's image step (--vision: one small image through the engine before ready), in seconds; "
+    "0 without it.",
+)
 READY = Gauge("clef_ready", "1 once warm-up has finished, the engine is alive and no shutdown has begun, else 0.")
 QUEUE_DEPTH = Gauge("clef_queue_depth", "Records admitted and not yet answered (bounded by --max-queued-requests).")
 REJECTED = Counter(

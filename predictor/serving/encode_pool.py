@@ -63,18 +63,21 @@ PROBE_IMAGE_SIDE = 32
 """The probe image's width and height (the processor scales it up to its smallest size)."""
 
 
+def probe_image(shade: int) -> str:
+    """A :data:`PROBE_IMAGE_SIDE`-pixel square PNG of one colour (``shade`` from 0 to 255), as a data URL."""
+    from PIL import Image
+
+    png = BytesIO()
+    Image.new("RGB", (PROBE_IMAGE_SIDE, PROBE_IMAGE_SIDE), (shade, 128, 255 - shade)).save(png, format="PNG")
+    return f"data:image/png;base64,{base64.b64encode(png.getvalue()).decode()}"
+
+
 def probe_body(settings: PrepareSettings) -> dict[str, Any]:
     """:data:`PROBE_BODY`, with an image and, when the engine reads videos, a two-frame video on a server that
     reads media (``settings.vision``)."""
     if settings.vision is None:
         return PROBE_BODY
-    from PIL import Image
-
-    frames = []
-    for shade in (0, 255):
-        png = BytesIO()
-        Image.new("RGB", (PROBE_IMAGE_SIDE, PROBE_IMAGE_SIDE), (shade, 128, 255 - shade)).save(png, format="PNG")
-        frames.append(f"data:image/png;base64,{base64.b64encode(png.getvalue()).decode()}")
+    frames = [probe_image(shade) for shade in (0, 255)]
     body: dict[str, Any] = {**PROBE_BODY, "images": frames[:1]}
     if settings.vision.videos:
         body["videos"] = [{"frames": frames}]

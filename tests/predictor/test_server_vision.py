@@ -1,13 +1,14 @@
 """A predictor started with ``--vision`` (transformers engine, tiny release with a random vision tower): the
 TypeSafe SDK's ``Image`` in the state is answered byte for byte as the original release code answers the same
 record on the same release, JSON ``assets``, ``images`` and ``videos`` too, and hostile images and videos are
-refused with 4xx."""
+refused with 4xx. Before the server is ready, its warm-up sends one small image through the engine."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,32 @@ def video_field(videos: Videos) -> list[dict[str, Any]]:
         {"frames": [base64.b64encode(data).decode() for data in frames], **({} if fps is None else {"fps": fps})}
         for frames, fps in videos
     ]
+
+
+IMAGE_STEP = re.compile(r"warm-up image step: one 32 x 32 PNG \((\d+) of (\d+) prompt tokens\)")
+"""The warm-up's log line for its image step: the image's tokens and the prompt's."""
+
+
+def metric_total(server: Predictor, name: str) -> float | None:
+    """The sum of the ``/metrics`` samples called ``name`` over all their labels, ``None`` when there are none."""
+    lines = httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines()
+    values = [float(line.split()[-1]) for line in lines if line.startswith((name + " ", name + "{"))]
+    return sum(values) if values else None
+
+
+def assert_image_step_before_ready(server: Predictor) -> None:
+    """The warm-up's image step ran, with an image's tokens in its prompt, before any readiness probe said 200, and
+    its time is on ``/metrics``."""
+    step = IMAGE_STEP.search(server.log_at_first_ready)
+    assert step is not None, server.log_at_first_ready[-3000:]
+    image_tokens, tokens = (int(group) for group in step.groups())
+    assert 0 < image_tokens < tokens
+    seconds = metric_total(server, "clef_warmup_image_seconds")
+    assert seconds is not None and seconds > 0
+
+
+def test_the_warm_up_sends_a_small_image_through_the_engine_before_ready(server: Predictor) -> None:
+    assert_image_step_before_ready(server)
 
 
 def _without_request_id(answer: dict[str, Any]) -> dict[str, Any]:

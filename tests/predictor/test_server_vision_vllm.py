@@ -1,13 +1,14 @@
 """A predictor on the vLLM engine started with ``--vision`` (CPU, tiny release with a random vision tower): JSON
 ``assets``, ``images`` and ``videos`` are answered as the original release code answers the same record, within
 the tolerance used for vLLM against the reference (same choices, probabilities within 0.02), and the text-only
-path still answers. Last, its engine core (a process of its own, as served) is killed: the predictor ends with
-code 3 within 5 s."""
+path still answers. Before it is ready, its warm-up has sent one small image through vLLM's multimodal path. Last, its
+engine core (a process of its own, as served) is killed: the predictor ends with code 3 within 5 s."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +22,18 @@ import torch
 
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE
 from tests.plugin.conftest import LARGEST_TEST_MEDIA, TOLERANCE
-from tests.predictor.conftest import MODEL_NAME, Predictor, start_predictor, stop
+from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
 from tests.predictor.test_server_vision import (
     CLIP,
     DASHCAM,
+    IMAGE_STEP,
     PHOTO,
     QUESTIONS,
     SCAN,
     Videos,
     _original_answer,
+    assert_image_step_before_ready,
+    metric_total,
     video_field,
 )
 
@@ -74,6 +78,38 @@ def _assert_close(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
             assert answer["choice"] == wanted["choice"]
         for option, probability in answer["probabilities"].items():
             assert probability == pytest.approx(wanted["probabilities"][option], abs=TOLERANCE)
+
+
+TEXT_STEP = re.compile(r"warm-up \d+/\d+: batch (\d+) x (\d+) tokens")
+"""The warm-up's log line for one of its text shapes: the prompts sent at once and each one's tokens."""
+
+
+def test_the_warm_up_sends_a_small_image_through_vllms_multimodal_path_before_ready(
+    server: Predictor, toy_release: Path
+) -> None:
+    """Runs first, before any client's request: vLLM counted the prompt tokens of every warm-up step, the image
+    step's with its image's placeholder run expanded from the one pad the predictor sends (which only vLLM's
+    multimodal processing does, from the image's grid). A startup probe's request answered 200 in the round when
+    the probes turned ready (they then send one while any says 503) is counted too."""
+    from transformers import AutoTokenizer
+
+    from clef_head.encoder import encode_request
+    from clef_head.request import parse_request
+
+    assert_image_step_before_ready(server)
+    log = server.log_at_first_ready
+    step = IMAGE_STEP.search(log)
+    assert step is not None
+    image_tokens, image_prompt = (int(group) for group in step.groups())
+    text_tokens = sum(int(batch) * int(tokens) for batch, tokens in TEXT_STEP.findall(log))
+    assert text_tokens > 0
+    probe_prompt = len(
+        encode_request(AutoTokenizer.from_pretrained(toy_release), parse_request(simple_request()), 4096).input_ids
+    )
+    answered_probes = sum(1 for statuses in server.rounds if statuses.get("POST /v1/systemone") == 200)
+    counted = metric_total(server, "vllm:prompt_tokens_total")
+    assert counted == text_tokens + image_prompt + answered_probes * probe_prompt
+    assert image_tokens > 1  # what vLLM expanded: the image's run, not the one pad sent
 
 
 def test_json_assets_and_images_are_answered_as_the_original(

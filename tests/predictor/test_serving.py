@@ -8,13 +8,16 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from clef_head.encoder import EncodedRequest
+from clef_head.request import DEFAULT_LIMITS
 from predictor.core.errors import EngineFailed, ServiceError, Unavailable
 from predictor.engines.base import Engine, EngineDead
 from predictor.http.errors import from_service_error
@@ -23,8 +26,17 @@ from predictor.model import ClefModel
 from predictor.serving.encode_pool import InProcessPreparer
 from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE, Lifecycle, Phase
 from predictor.serving.options import ServingOptions
+from predictor.serving.prepare import PrepareSettings, VisionSettings, prepare
+from predictor.serving.request_policy import RequestPolicy
 from predictor.serving.service import ModelCard, SystemOneService
-from predictor.serving.warmup import WARMUP_SCHEMAS, WarmupDoesNotFit, WarmupSchema, schema_tokens, warmup_schema
+from predictor.serving.warmup import (
+    WARMUP_SCHEMAS,
+    WarmupDoesNotFit,
+    WarmupSchema,
+    image_warmup_body,
+    schema_tokens,
+    warmup_schema,
+)
 from tests.predictor.conftest import MODEL_NAME, encode_workers, simple_request
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
@@ -40,9 +52,12 @@ class FakeEngine(Engine):
         self._capacity = capacity
         self._max_length = max_length
         self.lengths: list[int] = []
+        self.images: list[int] = []
         self.calls = 0
         self.gate = asyncio.Event()
         self.gate.set()
+        self.image_gate = asyncio.Event()  # holds only prompts with images
+        self.image_gate.set()
         self.dead: str | None = None
         self.nan = False
         self.closed = False
@@ -62,7 +77,10 @@ class FakeEngine(Engine):
     async def score(self, encoded: EncodedRequest) -> torch.Tensor:
         self.calls += 1
         self.lengths.append(len(encoded.input_ids))
+        self.images.append(0 if encoded.media is None else encoded.media.image_count)
         await self.gate.wait()
+        if encoded.media is not None:
+            await self.image_gate.wait()
         if self.dead:
             raise EngineDead(self.dead)
         seed = sum(encoded.input_ids) % 1000
@@ -206,8 +224,6 @@ class CountingPreparer(InProcessPreparer):
 
 
 def _hits() -> float:
-    from prometheus_client import REGISTRY
-
     return REGISTRY.get_sample_value("clef_answer_cache_total", {"outcome": "hit"}) or 0.0
 
 
@@ -342,6 +358,72 @@ def test_the_warm_up_uses_the_fullest_schema_that_fits_and_refuses_a_length_no_r
     assert too_short.closed and too_short.calls == 0
 
 
+def _vision_model(engine: FakeEngine, release_dir: Path) -> ClefModel:
+    vision = VisionSettings(str(release_dir), videos=False)
+    model = ClefModel(CARD, lambda: engine, options=ServingOptions(warmup_max_batch=1, vision=vision))
+    assert model.load()
+    return model
+
+
+def _warmed_up(model: ClefModel) -> None:
+    async def scenario() -> None:
+        watching = asyncio.create_task(model.start_engine())
+        await asyncio.wait_for(_until_ready(model), 60)
+        model.stop_engine()
+        await asyncio.wait_for(watching, 10)
+
+    asyncio.run(scenario())
+
+
+def test_on_a_vision_server_ready_waits_for_one_small_image_through_the_engine(
+    tokenizer: Any, toy_release: Path
+) -> None:
+    """After the text shapes, the warm-up sends one request with one image through the preparer and the engine, as
+    a user's image goes; the model is not ready while the engine holds it. A text-only server sends none."""
+    engine = FakeEngine(tokenizer, max_length=4096)
+    model = _vision_model(engine, toy_release)
+
+    async def scenario() -> None:
+        engine.image_gate.clear()
+        watching = asyncio.create_task(model.start_engine())
+        try:
+            await asyncio.wait_for(_until(lambda: 1 in engine.images), 60)
+            await asyncio.sleep(0.2)
+            assert not model.lifecycle.ready  # the image step is held in the engine
+            engine.image_gate.set()
+            await asyncio.wait_for(_until_ready(model), 60)
+        finally:
+            model.stop_engine()
+            engine.image_gate.set()
+            await asyncio.wait_for(watching, 10)
+
+    asyncio.run(scenario())
+    assert engine.images[-1] == 1 and not any(engine.images[:-1])  # the text shapes first, then the image
+    image_seconds = REGISTRY.get_sample_value("clef_warmup_image_seconds")
+    assert image_seconds is not None and image_seconds > 0
+
+    text_only = FakeEngine(tokenizer, max_length=4096)
+    _warmed_up(_model(text_only, []))
+    assert text_only.calls and not any(text_only.images)
+    assert REGISTRY.get_sample_value("clef_warmup_image_seconds") == 0
+
+
+def test_the_image_step_is_left_out_where_no_image_fits_and_says_so(
+    tokenizer: Any, toy_release: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A longest prompt that holds the text warm-up but not the image step's (its shortest question and the
+    smallest image): every image request would be refused before the engine, so no image is sent; a warning says
+    so and the model is ready."""
+    settings = PrepareSettings(MODEL_NAME, DEFAULT_LIMITS, RequestPolicy(), 4096, VisionSettings(str(toy_release)))
+    image_prompt = len(prepare(tokenizer, settings, image_warmup_body(MODEL_NAME))[1].input_ids)
+    assert image_prompt - 1 >= schema_tokens(tokenizer, WARMUP_SCHEMAS[-1])
+    engine = FakeEngine(tokenizer, max_length=image_prompt - 1)
+    with caplog.at_level("WARNING", logger="predictor.serving.warmup"):
+        _warmed_up(_vision_model(engine, toy_release))
+    assert engine.calls and not any(engine.images)
+    assert f"no image fits --max-model-len {image_prompt - 1}" in caplog.text
+
+
 def _pool_model(engine: FakeEngine, release_dir: Path) -> ClefModel:
     options = ServingOptions(warmup_max_batch=1, encode_processes=2, release_dir=release_dir)
     return ClefModel(CARD, lambda: engine, options=options, exit_process=lambda code: None)
@@ -405,6 +487,11 @@ def test_a_worker_that_encodes_otherwise_fails_the_start_and_stops_the_warm_up(
 
 async def _until_ready(model: ClefModel) -> None:
     while not model.lifecycle.ready:
+        await asyncio.sleep(0.01)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
         await asyncio.sleep(0.01)
 
 
