@@ -128,7 +128,7 @@ def test_predictor_image_answers_system_one_as_the_local_predictor(containerd: C
         containerd.remove_container("predictor")
     assert "transformers" in log.read_text(), log.read_text()[-3000:]
 
-    local = start_predictor(tmp_path / "local", f"--model-dir={release}", "--engine=auto")
+    local = start_predictor(tmp_path, f"--model-dir={release}", "--engine=auto")
     try:
         with httpx.Client(base_url=local.url, timeout=120) as client:
             local_answer = client.post("/v1/systemone", json=body)
