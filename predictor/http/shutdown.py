@@ -111,7 +111,7 @@ class GracefulShutdown:
         self.shutting_down = True
         self.lifecycle.enter(Phase.DRAINING)
         log.info(
-            "SIGTERM: not ready; still answering for %.1fs while the endpoints go, then %.1fs to finish requests in flight",
+            "SIGTERM: not ready; answering for %.1fs more while the endpoints go, then %.1fs for requests in flight",
             self.delay_s,
             self.drain_s,
         )
