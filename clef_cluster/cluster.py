@@ -40,6 +40,7 @@ from clef_cluster.node import Node, NodeError, gpu_capacity_patch
 from clef_cluster.processes import Recorded, start, stop
 from clef_tools.local_server import free_port
 
+REPO = Path(__file__).resolve().parent.parent
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
 CLUSTER_DOMAIN = "cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -457,7 +458,7 @@ def _start_metrics(cluster: Cluster) -> None:
         cluster,
         "pod-targets",
         [sys.executable, "-m", "clef_cluster.pod_targets", str(cluster.kubeconfig), str(targets)],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
     )
     wait_for(targets.exists, "the pod targets file", cluster.process("pod-targets"))
     config_file = folder / "prometheus.yml"
