@@ -11,11 +11,13 @@ result on stdout.
   ``"fresh": true`` sends each request on a new connection (``Connection: close``), so that the Service spreads
   them over its ready pods as new clients would be; ``"stop_file": path`` ends the load early once that file
   exists; ``"phases": [[clients, seconds], ...]`` (repeated until the end) keeps only that many of the ``n``
-  clients sending in each phase.
+  clients sending in each phase; ``"unique": true`` makes each request's ``state`` unique (the request's state and
+  a sequence number), so that none is answered from the predictor's answer cache.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -85,6 +87,13 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
     headers = {"connection": "close"} if job.get("fresh") else {}
     stop_file = Path(job["stop_file"]) if job.get("stop_file") else None
     phases = job.get("phases") or [[job["clients"], job["seconds"]]]
+    sequence = itertools.count()
+
+    def body() -> dict[str, Any]:
+        request: dict[str, Any] = job["request"]
+        return (
+            {**request, "state": {"load": next(sequence), "state": request["state"]}} if job.get("unique") else request
+        )
 
     def running() -> bool:
         return time.monotonic() < deadline and not (stop_file is not None and stop_file.exists())
@@ -98,7 +107,7 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
                 outcome: dict[str, Any]
                 at = round(time.monotonic() - started, 2)
                 try:
-                    response = client.post("/v1/systemone", json=job["request"])
+                    response = client.post("/v1/systemone", json=body())
                     outcome = {"status": response.status_code, "retry_after": response.headers.get("retry-after")}
                 except httpx.ConnectError as error:  # refused or unreachable before a byte was sent
                     outcome = {"error": type(error).__name__, "sent": False}

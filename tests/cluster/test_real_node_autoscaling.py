@@ -185,7 +185,7 @@ class Load:
     def __init__(self, cluster: Cluster, folder: Path, **job: Any) -> None:
         self.stop_file = folder / "stop"
         self.stop_file.unlink(missing_ok=True)
-        spec = {"mode": "load", "url": URL, "request": REQUEST, "fresh": True, "seconds": 1800, **job}
+        spec = {"mode": "load", "url": URL, "request": REQUEST, "fresh": True, "unique": True, "seconds": 1800, **job}
         spec["stop_file"] = str(self.stop_file)
         command = [
             sys.executable, "-m", "clef_cluster", "--dir", str(cluster.folder), "exec", "--",
