@@ -12,6 +12,7 @@ scale-down) are printed; docs/autoscaling.md and the README quote them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,12 +74,18 @@ def two_gpus(kube: Kube) -> None:
 
 
 @pytest.fixture(scope="module")
-def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None) -> None:
+def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Both images imported into the node's containerd, then ``helm install --wait`` with them (the operator as a
     pod on the real node)."""
     built = images.build_all()
-    for image in built.values():
-        assert scaling_cluster.node.import_image(image.archive) == [image.reference]
+    # The cache keeps one archive per image: a run of other inputs on this machine may replace ours before the
+    # import ends, so the import reads a link of our own (the same file, no copy).
+    held = tmp_path_factory.mktemp("archives")
+    for name, image in built.items():
+        link = held / f"{name}.oci.tar"
+        os.link(image.archive, link)
+        assert scaling_cluster.node.import_image(link) == [image.reference]
+        link.unlink()
     operator, predictor = built["clef-operator"].reference, built["clef-predictor-cpu"].reference
     kube.helm(
         "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=5m",
