@@ -77,15 +77,17 @@ def two_gpus(kube: Kube) -> None:
 def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Both images imported into the node's containerd, then ``helm install --wait`` with them (the operator as a
     pod on the real node)."""
-    built = images.build_all()
-    # The cache keeps one archive per image: a run of other inputs on this machine may replace ours before the
-    # import ends, so the import reads a link of our own (the same file, no copy).
+    # The cache keeps one archive per image: a run of other inputs on this machine may replace ours once its own
+    # build of that image ends, so each archive is linked here as soon as it is built (the same file, no copy) and
+    # the import reads the link.
     held = tmp_path_factory.mktemp("archives")
+    built = {}
+    for name in images.IMAGES:
+        built[name] = images.build(name)
+        os.link(built[name].archive, held / f"{name}.oci.tar")
     for name, image in built.items():
-        link = held / f"{name}.oci.tar"
-        os.link(image.archive, link)
-        assert scaling_cluster.node.import_image(link) == [image.reference]
-        link.unlink()
+        assert scaling_cluster.node.import_image(held / f"{name}.oci.tar") == [image.reference]
+        (held / f"{name}.oci.tar").unlink()
     operator, predictor = built["clef-operator"].reference, built["clef-predictor-cpu"].reference
     kube.helm(
         "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=5m",
