@@ -182,9 +182,14 @@ def prometheus(cluster: Cluster, query: str) -> dict[str, Any]:
 
 
 def custom_metric(kube: Kube, metric: str) -> list[dict[str, Any]]:
-    """The custom metrics API's values of ``metric`` for the namespace's pods (what the autoscaler reads)."""
+    """The custom metrics API's values of ``metric`` for the namespace's pods (what the autoscaler reads); none
+    until the adapter has found the metric's series (it looks every 15 s)."""
     path = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/pods/*/{metric}"
-    items: list[dict[str, Any]] = json.loads(kube.run("get", "--raw", path).stdout)["items"]
+    done = kube.run("get", "--raw", path, check=False)
+    if done.returncode:
+        assert "could not find the metric" in done.stderr, done.stderr
+        return []
+    items: list[dict[str, Any]] = json.loads(done.stdout)["items"]
     return items
 
 
