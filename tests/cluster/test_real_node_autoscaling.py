@@ -205,12 +205,12 @@ class Load:
             sys.executable, "-m", "clef_cluster", "--dir", str(cluster.folder), "exec", "--",
             sys.executable, str(Path(__file__).with_name("in_namespace.py")),
         ]  # fmt: skip
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(spec))
-        self.process.stdin.close()
+        job_file = folder / f"load-{time.monotonic_ns()}.json"
+        job_file.write_text(json.dumps(spec))
+        with job_file.open() as stdin:
+            self.process = subprocess.Popen(
+                command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         self.started = time.monotonic()
 
     def stop(self) -> list[dict[str, Any]]:
