@@ -237,12 +237,12 @@ def test_the_pipeline_reads_the_predictors_gauges(scaling_cluster: Cluster, kube
     (pod,) = ready_pods(kube)
     name = pod["metadata"]["name"]
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
-    ready = eventually(
-        lambda: prometheus(scaling_cluster, f'clef_ready{{namespace="{NS}",pod="{name}"}}')["data"]["result"],
-        "Prometheus to have scraped the predictor",
+    query = f'clef_ready{{namespace="{NS}",pod="{name}"}}'
+    eventually(  # the first scrape may predate the end of the warm-up
+        lambda: [s["value"][1] for s in prometheus(scaling_cluster, query)["data"]["result"]] == ["1"],
+        "Prometheus to have scraped the ready predictor",
         timeout=60,
     )
-    assert [sample["value"][1] for sample in ready] == ["1"]
     items = eventually(lambda: custom_metric(kube, "clef_queue_depth"), "the custom metric", timeout=60)
     assert [(item["describedObject"]["name"], item["value"]) for item in items] == [(name, "0")]
 
