@@ -1,6 +1,7 @@
 """``python -m clef_cluster build|up|down|env|status|claims|import|exec``: the real-cluster tooling from a shell.
 
 python -m clef_cluster up                  # build once (cached), start everything, print the env
+python -m clef_cluster up --metrics        # ... with Prometheus and prometheus-adapter (custom metrics for HPAs)
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
 python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts;
                       # prints each claim's folder on this machine (a hostPath volume: put the release there)
@@ -20,9 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clef_cluster import adapter, images
 from clef_cluster import build as building
-from clef_cluster import images
 from clef_cluster.cluster import Cluster, ClusterError, down, up
+from clef_cluster.metrics import PrometheusMissingError
 from clef_cluster.netns import NetworkError
 from clef_cluster.node import NodeError
 from clef_cluster.storage import make_volume_folders, namespace_with_claims
@@ -51,15 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kserve", action="store_true", help="no KServe controller (and no KServe build)")
     parser.add_argument("--no-nodes", action="store_true", help="no fake GPU node pools")
     parser.add_argument("--no-node", action="store_true", help="no real node (containerd, kubelet, kube-proxy)")
+    parser.add_argument(
+        "--metrics", action="store_true", help="Prometheus and prometheus-adapter (custom.metrics.k8s.io)"
+    )
     args = parser.parse_args(argv)
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
     folder = (args.dir or default_folder()).resolve()
     try:
         if args.command == "build":
             print(building.build(with_kserve=not args.no_kserve))
+            if args.metrics:
+                print(adapter.build())
         elif args.command == "up":
             cluster = up(
-                folder, with_kserve=not args.no_kserve, with_nodes=not args.no_nodes, with_node=not args.no_node
+                folder,
+                with_kserve=not args.no_kserve,
+                with_nodes=not args.no_nodes,
+                with_node=not args.no_node,
+                with_metrics=args.metrics,
             )
             _print_env(cluster)
         elif args.command == "down":
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{process.name:24} pid {process.pid:7}  {'running' if process.alive() else 'stopped'}")
             print(f"binaries: {bin_dir()}")
             print(f"network namespace: {cluster.network.name}, API server {cluster.server}")
-    except (ClusterError, NodeError, NetworkError, images.ImageBuildError) as error:
+    except (ClusterError, NodeError, NetworkError, images.ImageBuildError, PrometheusMissingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

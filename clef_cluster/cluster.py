@@ -6,7 +6,10 @@ service-account tokens signed with a key made here, the default admission plugin
 OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default controller, each with its own
 service-account credentials) -> kube-scheduler -> kwok (fake nodes) -> the fake GPU node pools -> optionally
 KServe's manager in Standard (RawDeployment) mode with its webhooks registered -> optionally the real node
-(clef_cluster.node: containerd, kubelet, kube-proxy in the namespace). Every process and port, and the namespace's
+(clef_cluster.node: containerd, kubelet, kube-proxy in the namespace) -> optionally the metrics pipeline
+(clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving custom.metrics.k8s.io).
+The API server's aggregation layer is configured (a front-proxy CA and its client, the requestheader flags) so
+that aggregated APIs such as the adapter's know who calls them. Every process and port, and the namespace's
 slot, are recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first, then removes
 what the node left (containers, mounts, cgroups) and the namespace. ``up`` in a folder whose earlier cluster
 crashed cleans that one up first.
@@ -14,6 +17,7 @@ crashed cleans that one up first.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -28,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from clef_cluster import kserve, netns, nodes, pki
+from clef_cluster import adapter, kserve, metrics, netns, nodes, pki
 from clef_cluster.build import KSERVE_MANAGER, build
 from clef_cluster.netns import SERVICE_CIDR, NodeNetwork
 from clef_cluster.node import NAME as NODE_NAME
@@ -36,12 +40,14 @@ from clef_cluster.node import Node, NodeError, gpu_capacity_patch
 from clef_cluster.processes import Recorded, start, stop
 from clef_tools.local_server import free_port
 
+REPO = Path(__file__).resolve().parent.parent
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
 CLUSTER_DOMAIN = "cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
 START_TIMEOUT = 120.0
 KUBECTL_TIMEOUT_S = 120  # one kubectl call, its own waits (--timeout) included
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the API server's identity when it calls an aggregated API
 
 
 class ClusterError(RuntimeError):
@@ -78,6 +84,11 @@ class Cluster:
     def server(self) -> str:
         """The API server's URL: the host's end of the namespace's link (pods reach it there too)."""
         return f"https://{self.network.host_ip}:{self.ports['kube-apiserver']}"
+
+    @property
+    def prometheus_url(self) -> str:
+        """The metrics pipeline's Prometheus (on 127.0.0.1; started with ``with_metrics``)."""
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     @property
     def kube_cache(self) -> Path:
@@ -160,10 +171,20 @@ class Cluster:
         self.save()
 
 
-def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True, with_node: bool = True) -> Cluster:
+def up(
+    folder: Path,
+    with_kserve: bool = True,
+    with_nodes: bool = True,
+    with_node: bool = True,
+    with_metrics: bool = False,
+) -> Cluster:
     """Build what is missing, start every component and wait until each one serves; see the module doc.
-    ``with_nodes``: kwok's fake GPU pools; ``with_node``: the real node."""
+    ``with_nodes``: kwok's fake GPU pools; ``with_node``: the real node; ``with_metrics``: Prometheus and
+    prometheus-adapter."""
     bins = build(with_kserve=with_kserve)
+    if with_metrics:
+        metrics.prometheus_binary()  # before anything starts: say what is missing
+        adapter.build()
     folder = folder.resolve()
     if (folder / "state.json").exists():
         if any(p.alive() for p in Cluster.load(folder).processes):
@@ -184,6 +205,8 @@ def up(folder: Path, with_kserve: bool = True, with_nodes: bool = True, with_nod
             _start_kserve(cluster, bins)
         if with_node:
             _start_node(cluster)
+        if with_metrics:
+            _start_metrics(cluster)
     except BaseException:
         down(folder)
         raise
@@ -228,6 +251,8 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
         cluster.ports[name] = free_port()
     admin = ca.client("admin", "clef-cluster-admin", ("system:masters",))
     to_kubelet = ca.client("apiserver-kubelet", "kube-apiserver-kubelet-client", ("system:masters",))
+    front_proxy = pki.Authority.create(pki_dir / "front-proxy")
+    proxy_client = front_proxy.client(FRONT_PROXY_CLIENT, FRONT_PROXY_CLIENT)
     _kubeconfig(cluster, "admin", admin, ca.cert)
     cm = _kubeconfig(
         cluster, "controller-manager", ca.client("controller-manager", "system:kube-controller-manager"), ca.cert
@@ -275,6 +300,15 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
             # Aggregated APIs and webhooks are called at their endpoints (pod addresses, routed into the
             # namespace), never at a Service address (unreachable from the host).
             "--enable-aggregator-routing=true",
+            # The aggregation layer: the API server calls aggregated APIs with this client certificate and passes
+            # the caller's identity in these headers, which an aggregated API trusts from this CA only.
+            f"--requestheader-client-ca-file={front_proxy.cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_client.cert}",
+            f"--proxy-client-key-file={proxy_client.key}",
             f"--kubelet-client-certificate={to_kubelet.cert}",
             f"--kubelet-client-key={to_kubelet.key}",
             f"--kubelet-certificate-authority={ca.cert}",
@@ -410,6 +444,61 @@ def _start_node(cluster: Cluster) -> None:
     )
     if legacy := node.legacy_rules():
         raise ClusterError(f"rules in the legacy iptables backend of {cluster.network.name}: {legacy}")
+
+
+def _start_metrics(cluster: Cluster) -> None:
+    """The pods' targets file, Prometheus, then prometheus-adapter and its APIServices; waits until the API server
+    serves custom.metrics.k8s.io through the adapter."""
+    folder = cluster.folder / "metrics"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("prometheus", "prometheus-adapter"):
+        cluster.ports[name] = free_port()
+    targets = folder / "targets.json"
+    _launch(
+        cluster,
+        "pod-targets",
+        [sys.executable, "-m", "clef_cluster.pod_targets", str(cluster.kubeconfig), str(targets)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
+    )
+    wait_for(targets.exists, "the pod targets file", cluster.process("pod-targets"))
+    config_file = folder / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(metrics.config(targets)))
+    _launch(cluster, "prometheus", metrics.args(config_file, folder / "data", cluster.ports["prometheus"]))
+    wait_for(lambda: _http_ok(f"{cluster.prometheus_url}/-/ready"), "Prometheus", cluster.process("prometheus"))
+
+    authority = pki.Authority.load(cluster.folder / "pki")
+    serving = authority.serving(adapter.NAME, adapter.service_names())
+    rules = folder / "adapter.yaml"
+    rules.write_text(yaml.safe_dump(adapter.config()))
+    _launch(
+        cluster,
+        adapter.NAME,
+        adapter.args(
+            bind=cluster.network.host_ip,
+            port=cluster.ports[adapter.NAME],
+            serving=(serving.cert, serving.key),
+            kubeconfig=cluster.kubeconfig,
+            front_proxy_ca=cluster.folder / "pki" / "front-proxy" / "ca.crt",
+            prometheus_url=cluster.prometheus_url,
+            config_file=rules,
+            cert_dir=folder / "adapter-certs",
+        ),
+    )
+    bundle = base64.b64encode(authority.cert.read_bytes()).decode()
+    cluster.apply(adapter.objects(cluster.network.host_ip, cluster.ports[adapter.NAME], bundle))
+    wait_for(
+        lambda: all(_api_service_available(cluster, f"{v}.{adapter.GROUP}") for v in adapter.API_VERSIONS),
+        "the custom metrics API (prometheus-adapter's APIServices) to be Available",
+        cluster.process(adapter.NAME),
+    )
+
+
+def _api_service_available(cluster: Cluster, name: str) -> bool:
+    out = cluster.kubectl("get", "apiservice", name, "-o", "json", check=False)
+    if out.returncode:
+        return False
+    conditions = json.loads(out.stdout).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
 
 def _gpu_allocatable(cluster: Cluster) -> bool:

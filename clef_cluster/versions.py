@@ -19,6 +19,11 @@ KSERVE_MODULE = "github.com/kserve/kserve"
 KSERVE_VERSION = "v0.20.0"
 KWOK_MODULE = "sigs.k8s.io/kwok"
 KWOK_VERSION = "v0.7.0"
+# The metrics pipeline (clef_cluster.metrics): prometheus-adapter v0.12.0, the newest release, built on the k8s.io
+# v0.30 libraries; it serves custom.metrics.k8s.io v1beta1 and v1beta2 (Kubernetes 1.34's HorizontalPodAutoscaler
+# asks for v1beta2 first). Prometheus itself is Debian's package (scripts/install_container_tools.sh).
+ADAPTER_MODULE = "sigs.k8s.io/prometheus-adapter"
+ADAPTER_VERSION = "v0.12.0"
 CACHE_ENV = "CLEF_CLUSTER_CACHE"
 
 

@@ -5,8 +5,9 @@
 
 Everything after ``--`` is passed to ``python -m predictor`` (which listens on a free loopback port).
 While ``--clients`` clients send valid requests, the event happens; the script records every answer's
-status until the process exits, and how long the exit took. A request must never get a 500 (503 with
-``Retry-After`` is the shutdown's answer, a refused connection comes after the socket closed). Exit
+status until the process exits, and how long the exit took. A request must never get a 500 (requests during the
+shutdown delay are answered; 503 with ``Retry-After`` is the drain timeout's answer; a refused connection comes
+after the socket closed). Exit
 status 1 on a 500, an answer without status, or a process still alive after ``--exit-timeout``.
 """
 

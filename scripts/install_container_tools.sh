@@ -5,7 +5,7 @@
 # backend, for kubelet's and portmap's rules), iproute2 (ip netns, veth) and util-linux (nsenter).
 # A no-op when they are installed; otherwise it needs root (apt-get).
 set -euo pipefail
-packages=(mmdebstrap containerd runc containernetworking-plugins nftables iptables iproute2 util-linux)
+packages=(mmdebstrap containerd runc containernetworking-plugins nftables iptables iproute2 util-linux prometheus)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

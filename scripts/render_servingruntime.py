@@ -23,6 +23,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "operator"))
 
 from clef_contract.container import predictor_container, predictor_volumes  # noqa: E402
+from clef_contract.predictor import scrape_annotations  # noqa: E402
 
 TEMPLATE = REPO / "charts" / "clef-serving" / "templates" / "servingruntime.yaml"
 
@@ -85,7 +86,8 @@ FOOTER = "{{- end }}\n"
 
 
 def runtime_spec() -> dict[str, object]:
-    """The ServingRuntime's containers and volumes, from the contract, with placeholders."""
+    """The ServingRuntime's pod annotations (Prometheus scrapes its pods, as the operator's), containers and volumes,
+    from the contract, with placeholders."""
     container = predictor_container(
         image="@IMAGE@",
         model_name="@NAME@",
@@ -95,7 +97,11 @@ def runtime_spec() -> dict[str, object]:
         extra_args=["@EXTRA_ARGS@"],
         grpc=True,  # its lines are kept under `if $rt.grpc` (GRPC_LINES)
     )
-    return {"containers": [container], "volumes": predictor_volumes(compile_cache={"@CACHE@": {}})}
+    return {
+        "annotations": scrape_annotations(),
+        "containers": [container],
+        "volumes": predictor_volumes(compile_cache={"@CACHE@": {}}),
+    }
 
 
 def grpc_lines() -> dict[str, int]:

@@ -32,6 +32,7 @@ def test_modules_run_in_their_group_or_alone() -> None:
     groups = {path: group_of(path) for path in cluster_files}
     assert groups.pop("tests/cluster/test_real_node.py") == "real-node"
     assert groups.pop("tests/cluster/test_real_node_e2e.py") == "real-node"
+    assert groups.pop("tests/cluster/test_real_node_autoscaling.py") == "autoscaling"
     assert groups and set(groups.values()) == {"cluster"}
     assert group_of("tests/predictor/test_systemone_cli.py") == group_of("tests/predictor/test_server_vllm.py")
     assert group_of("tests/predictor/test_lifecycle.py") == "tests/predictor/test_lifecycle.py"

@@ -25,6 +25,9 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
     # The real node's own clusters (kubelet, containerd, kube-proxy; the end to end one with KServe and the chart),
     # one after the other: listed before "cluster", whose folder holds them.
     "real-node": ("tests/cluster/test_real_node.py", "tests/cluster/test_real_node_e2e.py"),
+    # The autoscaling tests' own cluster (the real node and the metrics pipeline): a worker of its own, beside the
+    # real-node group, listed before "cluster" too.
+    "autoscaling": ("tests/cluster/test_real_node_autoscaling.py",),
     # One real cluster per session; its files run in name order (test_3_helm.py last).
     "cluster": ("tests/cluster/",),
     # test_documented_rbac_matches_requests reads the RBAC requests the scenarios of both files made in this session.
@@ -40,7 +43,7 @@ SHARED_GROUPS: dict[str, tuple[str, ...]] = {
 #: (``--no-loadscope-reorder``: the rest follow in collection order): the real cluster (mostly waiting), the
 #: container images (a cold build is minutes of downloads and disk writes) and the GPU benchmark's CPU smoke run
 #: (the longest busy unit); the real node's modules follow them.
-FIRST = ("cluster", "images", "tests/bench/test_gpu_benchmark_smoke.py", "real-node")
+FIRST = ("cluster", "images", "tests/bench/test_gpu_benchmark_smoke.py", "real-node", "autoscaling")
 
 
 def group_of(path: str) -> str:

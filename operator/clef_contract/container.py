@@ -52,9 +52,9 @@ MANAGED_FLAGS: tuple[str, ...] = (
 # KServe's gRPC port: the predictor serves gRPC only when asked (``grpc=True``), and only then is the port declared.
 GRPC_PORT = 8081
 
-# SIGTERM: readiness fails and new requests get 503 for SHUTDOWN_DELAY_S (endpoints drop the pod meanwhile), then
-# in-flight requests get DRAIN_TIMEOUT_S. Together they stay inside Kubernetes' default grace period of 30 s,
-# which a ServingRuntime (the chart's) cannot change.
+# SIGTERM: readiness fails while requests are still answered for SHUTDOWN_DELAY_S (endpoints drop the pod
+# meanwhile), then in-flight requests get DRAIN_TIMEOUT_S. Together they stay inside Kubernetes' default grace
+# period of 30 s, which a ServingRuntime (the chart's) cannot change.
 SHUTDOWN_DELAY_S = 5
 DRAIN_TIMEOUT_S = 20
 

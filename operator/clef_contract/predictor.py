@@ -33,6 +33,20 @@ COMPILE_CACHE_ENV: dict[str, str] = {
 # dies, so Kubernetes restarts it either way.
 LIVENESS_PATH = "/health/live"
 
+# Prometheus text of the predictor's own metrics (clef_queue_depth, clef_engine_in_flight, clef_ready, ...), on
+# the HTTP port, without API keys.
+METRICS_PATH = "/metrics"
+
+
+def scrape_annotations() -> dict[str, str]:
+    """The predictor pods' annotations that tell Prometheus to scrape them (the prometheus.io/* convention of
+    Prometheus' own example Kubernetes configuration, which needs no Prometheus Operator CRDs)."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(PREDICTOR_PORT),
+        "prometheus.io/path": METRICS_PATH,
+    }
+
 
 def readiness_path(model_name: str) -> str:
     """The warm-up-gated readiness endpoint of a predictor serving ``model_name``."""

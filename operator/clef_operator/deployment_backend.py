@@ -1,6 +1,6 @@
 """Pure builders of the deployment backend's objects: a Deployment, a Service and, when autoscaling asks for it, a
-HorizontalPodAutoscaler (or, with ``autoscaling.keda``, a KEDA ScaledObject) per eligible pool, for clusters
-without KServe.
+HorizontalPodAutoscaler (on cpu or memory, or with ``autoscaling.podMetric`` on the predictor's own gauge per pod;
+or, with ``autoscaling.keda``, a KEDA ScaledObject) per eligible pool, for clusters without KServe.
 
 The pod is the InferenceService's (``kserve_backend.build_pod_spec``: the contract's one predictor container, its
 volumes, the pool's node selector and capability affinity). What KServe adds to an InferenceService's pod is
@@ -17,18 +17,26 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from clef_contract.container import CONTAINER_NAME, container_security_context
-from clef_contract.predictor import MODEL_DIR
+from clef_contract.predictor import MODEL_DIR, scrape_annotations
 from clef_operator.constants import DECISION_LABEL, PREDICTOR_LABEL
 from clef_operator.kserve_backend import (
     REPLACE_WITHOUT_SURGE,
     Placement,
+    UnsupportedOnBackendError,
     build_pod_spec,
     pool_annotations,
     predictor_labels,
 )
 from clef_operator.pools import NodePool
 from clef_operator.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, SERVICES
-from clef_operator.spec import ClefDecisionSpec, Keda, Variant
+from clef_operator.spec import (
+    DEFAULT_SCALE_DOWN_WINDOW_S,
+    DEFAULT_SCALE_UP_WINDOW_S,
+    Autoscaling,
+    ClefDecisionSpec,
+    Keda,
+    Variant,
+)
 
 # KServe's storage initializer, the image that fetches hf://, s3:// and gs:// releases for KServe's own pods.
 DEFAULT_STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
@@ -37,10 +45,6 @@ MODEL_VOLUME = "model"
 SERVICE_PORT = 80  # the port of KServe's own predictor Services
 DEFAULT_UTILIZATION = 80  # percent: KServe's default target for its HorizontalPodAutoscalers
 FETCHED_SCHEMES = ("hf://", "s3://", "gs://")
-
-
-class UnsupportedOnBackendError(ValueError):
-    """The spec asks for something only the kserve backend does (the message says what and what to do)."""
 
 
 def autoscaled(spec: ClefDecisionSpec, pool: NodePool) -> bool:
@@ -109,7 +113,13 @@ def build_deployment(
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector},
         "strategy": copy.deepcopy(REPLACE_WITHOUT_SURGE),
-        "template": {"metadata": {"labels": {**predictor_labels(decision, pool), **selector}}, "spec": pod},
+        "template": {
+            "metadata": {
+                "labels": {**predictor_labels(decision, pool), **selector},
+                "annotations": scrape_annotations(),
+            },
+            "spec": pod,
+        },
     }
     if not autoscaled(spec, pool):
         deployment_spec["replicas"] = spec.replicas_for(pool.name)[0]
@@ -138,8 +148,10 @@ def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[st
     """The autoscaler of an autoscaled pool's Deployment (None for a fixed replica count): a KEDA ScaledObject
     with ``autoscaling.keda``, else a HorizontalPodAutoscaler.
 
-    The HorizontalPodAutoscaler scales on the pods' CPU or memory utilization (``scaleMetric``, default cpu)
-    toward ``scaleTarget`` percent (default 80), as KServe's Standard mode does.
+    The HorizontalPodAutoscaler scales on the predictor's own gauge per pod with ``autoscaling.podMetric`` (a
+    ``Pods`` metric, read through the custom metrics API), else on the pods' CPU or memory utilization
+    (``scaleMetric``, default cpu) toward ``scaleTarget`` percent (default 80), as KServe's Standard mode does.
+    Either autoscaler gets the spec's stabilization windows (:func:`build_behavior`).
     """
     if not autoscaled(spec, pool):
         return None
@@ -151,18 +163,38 @@ def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[st
                 "autoscaling.keda scales on the predictor's own metrics, which no pod reports at 0 replicas: "
                 "set minReplicas to 1 or more"
             )
-        return build_scaled_object(scaling.keda, low, high, deployment)
-    metric = (scaling.scaleMetric if scaling else None) or "cpu"
-    if metric not in ("cpu", "memory"):
-        raise UnsupportedOnBackendError(
-            f"scaleMetric {metric} needs Knative (the kserve backend in Knative mode); the deployment backend's "
-            "HorizontalPodAutoscaler scales on cpu or memory, or with autoscaling.keda on the predictor's metrics"
-        )
-    if low < 1:
-        raise UnsupportedOnBackendError(
-            "the deployment backend's HorizontalPodAutoscaler keeps at least 1 replica: set minReplicas to 1 or more"
-        )
-    target = (scaling.scaleTarget if scaling else None) or DEFAULT_UTILIZATION
+        return build_scaled_object(scaling.keda, low, high, deployment, build_behavior(scaling))
+    if scaling is not None and scaling.podMetric is not None:
+        if low < 1:
+            raise UnsupportedOnBackendError(
+                "autoscaling.podMetric scales on the predictor's own metric, which no pod reports at 0 replicas: "
+                "set minReplicas to 1 or more"
+            )
+        metric: dict[str, Any] = {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": scaling.podMetric.name},
+                "target": {"type": "AverageValue", "averageValue": scaling.podMetric.target},
+            },
+        }
+    else:
+        resource = (scaling.scaleMetric if scaling else None) or "cpu"
+        if resource not in ("cpu", "memory"):
+            raise UnsupportedOnBackendError(
+                f"scaleMetric {resource} needs Knative (the kserve backend in Knative mode); the deployment "
+                "backend's HorizontalPodAutoscaler scales on cpu or memory, with autoscaling.podMetric on the "
+                "predictor's own metric, or with autoscaling.keda through KEDA"
+            )
+        if low < 1:
+            raise UnsupportedOnBackendError(
+                "the deployment backend's HorizontalPodAutoscaler keeps at least 1 replica: set minReplicas to 1 "
+                "or more"
+            )
+        target = (scaling.scaleTarget if scaling else None) or DEFAULT_UTILIZATION
+        metric = {
+            "type": "Resource",
+            "resource": {"name": resource, "target": {"type": "Utilization", "averageUtilization": target}},
+        }
     return {
         "apiVersion": HORIZONTAL_POD_AUTOSCALERS.api_version,
         "kind": HORIZONTAL_POD_AUTOSCALERS.kind,
@@ -171,13 +203,20 @@ def build_autoscaler(spec: ClefDecisionSpec, pool: NodePool, deployment: dict[st
             "scaleTargetRef": _scale_target(deployment),
             "minReplicas": low,
             "maxReplicas": high,
-            "metrics": [
-                {
-                    "type": "Resource",
-                    "resource": {"name": metric, "target": {"type": "Utilization", "averageUtilization": target}},
-                }
-            ],
+            "metrics": [metric],
+            "behavior": build_behavior(scaling),
         },
+    }
+
+
+def build_behavior(scaling: Autoscaling | None) -> dict[str, Any]:
+    """The autoscaling/v2 ``behavior``: the spec's stabilization windows (else the defaults for a model that
+    takes about a minute to warm up: 60 s up, 600 s down), the HorizontalPodAutoscaler's own policies."""
+    up = scaling.scaleUpStabilizationSeconds if scaling else None
+    down = scaling.scaleDownStabilizationSeconds if scaling else None
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": DEFAULT_SCALE_UP_WINDOW_S if up is None else up},
+        "scaleDown": {"stabilizationWindowSeconds": DEFAULT_SCALE_DOWN_WINDOW_S if down is None else down},
     }
 
 
@@ -192,10 +231,13 @@ def deployment_pods_query(metric: str, namespace: str, deployment_name: str) -> 
     return f'sum({metric}{{namespace="{namespace}",pod=~"{deployment_name}-[a-z0-9]+-[a-z0-9]+"}})'
 
 
-def build_scaled_object(keda: Keda, low: int, high: int, deployment: dict[str, Any]) -> dict[str, Any]:
+def build_scaled_object(
+    keda: Keda, low: int, high: int, deployment: dict[str, Any], behavior: dict[str, Any]
+) -> dict[str, Any]:
     """The KEDA ScaledObject of a Deployment: one Prometheus trigger on the sum of the predictor's own gauge over
     its pods, KEDA keeping that sum per replica near ``keda.target`` (the AverageValue metric type, the target
-    type the kserve backend gives KServe for the same trigger)."""
+    type the kserve backend gives KServe for the same trigger); ``behavior`` goes to the HorizontalPodAutoscaler
+    KEDA makes."""
     meta = deployment["metadata"]
     threshold = format(parse_quantity(keda.target).normalize(), "f")  # KEDA reads a plain decimal
     return {
@@ -206,6 +248,7 @@ def build_scaled_object(keda: Keda, low: int, high: int, deployment: dict[str, A
             "scaleTargetRef": _scale_target(deployment),
             "minReplicaCount": low,
             "maxReplicaCount": high,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior}},
             "triggers": [
                 {
                     "type": "prometheus",

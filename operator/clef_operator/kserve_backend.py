@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_contract.container import DEFAULT_REQUESTS, predictor_container, predictor_volumes
-from clef_contract.predictor import PREDICTOR_GID
+from clef_contract.predictor import PREDICTOR_GID, scrape_annotations
 from clef_operator.constants import (
     DECISION_LABEL,
     GPU_COMPUTE_MAJOR_LABEL,
@@ -32,7 +32,7 @@ from clef_operator.constants import (
     VARIANT_ANNOTATION,
 )
 from clef_operator.pools import NodePool
-from clef_operator.spec import ClefDecisionSpec, Variant
+from clef_operator.spec import KSERVE_REFUSES_DEPLOYMENT_SCALING, ClefDecisionSpec, Variant
 
 # KServe names the predictor's Deployment/Service "<isvc>-predictor"; keep that within a 63-char label.
 MAX_ISVC_NAME = 63 - len("-predictor")
@@ -190,11 +190,18 @@ def build_affinity(spec: ClefDecisionSpec, variant: Variant | None, verified: bo
     return affinity
 
 
+class UnsupportedOnBackendError(ValueError):
+    """The spec asks for something the chosen backend does not do (the message says what and what to do)."""
+
+
 def build_autoscaling(spec: ClefDecisionSpec, namespace: str, name: str) -> dict[str, Any]:
-    """KServe's scaling fields: scaleMetric/scaleTarget, or a KEDA trigger on the predictor's own metric."""
+    """KServe's scaling fields: scaleMetric/scaleTarget, or a KEDA trigger on the predictor's own metric
+    (UnsupportedOnBackendError for the deployment backend's podMetric and stabilization windows)."""
     scaling = spec.autoscaling
     if scaling is None:
         return {}
+    if scaling.deployment_only:
+        raise UnsupportedOnBackendError(KSERVE_REFUSES_DEPLOYMENT_SCALING)
     if scaling.keda is not None:
         keda = scaling.keda
         query = f'sum({keda.metric}{{namespace="{namespace}",pod=~"{name}-predictor-.*"}})'
@@ -319,6 +326,7 @@ def build_inferenceservice(placement: Placement) -> dict[str, Any]:
     labels = predictor_labels(decision, pool)
     predictor: dict[str, Any] = {
         "labels": dict(labels),  # on the pods too: the chart's NetworkPolicy selects them by name
+        "annotations": scrape_annotations(),  # on the pods: Prometheus scrapes them
         "minReplicas": low,
         "maxReplicas": high,
         **build_autoscaling(spec, namespace, isvc_name),

@@ -317,22 +317,58 @@ class PoolOverride(_Model):
     gpusPerReplica: int | None = Field(default=None, ge=1, le=16)
 
 
-# The predictor's own Prometheus gauges a KEDA trigger may scale on: requests inside the engine, and requests
-# admitted but waiting for it.
-KEDA_METRICS: tuple[str, ...] = ("clef_engine_in_flight", "clef_queue_depth")
+# The predictor's own Prometheus gauges a pool may scale on: requests inside the engine, and requests admitted but
+# waiting for it (a KEDA trigger's query, or the HorizontalPodAutoscaler's per-pod metric).
+PREDICTOR_GAUGES: tuple[str, ...] = ("clef_engine_in_flight", "clef_queue_depth")
+PredictorGauge = Literal["clef_engine_in_flight", "clef_queue_depth"]
+DEFAULT_GAUGE_TARGET = "4"
+
+# The deployment backend's stabilization windows when the spec gives none, for a predictor that takes about a
+# minute to warm up (docs/autoscaling.md): scale up once the load has stayed above the target for a minute (a
+# burst shorter than one warm-up is over before a new replica could serve it), and scale down only after ten
+# minutes below it (removing a replica that a returning load needs again costs another warm-up).
+DEFAULT_SCALE_UP_WINDOW_S = 60
+DEFAULT_SCALE_DOWN_WINDOW_S = 600
+MAX_WINDOW_S = 3600  # the HorizontalPodAutoscaler's own bound on stabilizationWindowSeconds
 
 
 class Keda(_Model):
     """KEDA scaling on the predictor's own metrics (KServe's autoScaling block, or the deployment backend's
     ScaledObject; KEDA must be installed)."""
 
-    metric: Literal["clef_engine_in_flight", "clef_queue_depth"] = "clef_queue_depth"
-    target: str = Field(default="4", pattern=QUANTITY_PATTERN, description="Average value per replica to scale to.")
+    metric: PredictorGauge = "clef_queue_depth"
+    target: str = Field(
+        default=DEFAULT_GAUGE_TARGET, pattern=QUANTITY_PATTERN, description="Average value per replica to scale to."
+    )
     serverAddress: str = Field(min_length=1, pattern=r"^https?://.+", description="Prometheus URL.")
 
 
+class PodMetric(_Model):
+    """A HorizontalPodAutoscaler on the predictor's own gauge per pod, read through the custom metrics API
+    (custom.metrics.k8s.io, served by an adapter such as prometheus-adapter: docs/autoscaling.md)."""
+
+    name: PredictorGauge = Field(
+        default="clef_queue_depth",
+        description="clef_queue_depth (requests admitted and waiting or running) or clef_engine_in_flight "
+        "(requests inside the engine).",
+    )
+    target: str = Field(
+        default=DEFAULT_GAUGE_TARGET,
+        pattern=QUANTITY_PATTERN,
+        description="Average value per pod to scale to (the HorizontalPodAutoscaler's averageValue).",
+    )
+
+
+KSERVE_REFUSES_DEPLOYMENT_SCALING = (
+    "autoscaling.podMetric, scaleUpStabilizationSeconds and scaleDownStabilizationSeconds are the deployment "
+    "backend's (its HorizontalPodAutoscaler): KServe's InferenceService has no such fields; use scaleMetric/"
+    "scaleTarget or autoscaling.keda with backend kserve, or backend: deployment"
+)
+
+
 class Autoscaling(_Model):
-    """Replicas between min and max, scaled by KServe on scaleMetric/scaleTarget, or by KEDA."""
+    """Replicas between min and max, scaled by KServe on scaleMetric/scaleTarget, by KEDA, or (deployment backend)
+    by a HorizontalPodAutoscaler on the predictor's own per-pod metric."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -343,6 +379,10 @@ class Autoscaling(_Model):
             {
                 "rule": "!has(self.keda) || (!has(self.scaleMetric) && !has(self.scaleTarget))",
                 "message": "keda replaces scaleMetric/scaleTarget: give one or the other",
+            },
+            {
+                "rule": "!has(self.podMetric) || (!has(self.keda) && !has(self.scaleMetric) && !has(self.scaleTarget))",
+                "message": "podMetric replaces keda and scaleMetric/scaleTarget: give one of them",
             },
         )
     )
@@ -356,6 +396,28 @@ class Autoscaling(_Model):
         "clef_queue_depth (requests waiting) or clef_engine_in_flight (requests in the engine), summed over the "
         "pool's pods.",
     )
+    podMetric: PodMetric | None = Field(
+        default=None,
+        description="Deployment backend only: an autoscaling/v2 HorizontalPodAutoscaler on the predictor's gauge "
+        "per pod (type Pods, averageValue target) through the custom metrics API; needs a Prometheus scraping "
+        "the predictor pods (their prometheus.io/* annotations) and an adapter serving custom.metrics.k8s.io.",
+    )
+    scaleUpStabilizationSeconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WINDOW_S,
+        description=f"Deployment backend only: how long the wanted replica count must stay higher before the "
+        f"autoscaler adds replicas (the HorizontalPodAutoscaler's behavior.scaleUp.stabilizationWindowSeconds). "
+        f"Absent: {DEFAULT_SCALE_UP_WINDOW_S}.",
+    )
+    scaleDownStabilizationSeconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WINDOW_S,
+        description=f"Deployment backend only: how long the wanted replica count must stay lower before the "
+        f"autoscaler removes replicas (behavior.scaleDown.stabilizationWindowSeconds). Absent: "
+        f"{DEFAULT_SCALE_DOWN_WINDOW_S}.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -363,7 +425,17 @@ class Autoscaling(_Model):
             raise ValueError("minReplicas may not exceed maxReplicas")
         if self.keda is not None and (self.scaleMetric is not None or self.scaleTarget is not None):
             raise ValueError("keda replaces scaleMetric/scaleTarget: give one or the other")
+        if self.podMetric is not None and (
+            self.keda is not None or self.scaleMetric is not None or self.scaleTarget is not None
+        ):
+            raise ValueError("podMetric replaces keda and scaleMetric/scaleTarget: give one of them")
         return self
+
+    @property
+    def deployment_only(self) -> list[str]:
+        """The fields set here that only the deployment backend acts on."""
+        fields = ("podMetric", "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
+        return [name for name in fields if getattr(self, name) is not None]
 
 
 class ApiKeySecret(_Model):
@@ -541,6 +613,13 @@ class ClefDecisionSpec(_Model):
                 "message": "poolOverrides names a pool that nodePools.exclude excludes",
                 "fieldPath": ".poolOverrides",
             },
+            {
+                "rule": "!has(self.backend) || self.backend != 'kserve' || !has(self.autoscaling) || "
+                "(!has(self.autoscaling.podMetric) && !has(self.autoscaling.scaleUpStabilizationSeconds) && "
+                "!has(self.autoscaling.scaleDownStabilizationSeconds))",
+                "message": KSERVE_REFUSES_DEPLOYMENT_SCALING,
+                "fieldPath": ".autoscaling",
+            },
         )
     )
     model: ModelSource
@@ -637,6 +716,8 @@ class ClefDecisionSpec(_Model):
         excluded = sorted(set(names) & set(self.nodePools.exclude))
         if excluded:
             raise ValueError(f"poolOverrides names a pool that nodePools.exclude excludes: {', '.join(excluded)}")
+        if self.backend == "kserve" and self.autoscaling is not None and self.autoscaling.deployment_only:
+            raise ValueError(KSERVE_REFUSES_DEPLOYMENT_SCALING)
         if "requiredDuringSchedulingIgnoredDuringExecution" in (self.affinity.get("nodeAffinity") or {}):
             raise ValueError(
                 "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set by the "

@@ -40,7 +40,8 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         "--shutdown-delay",
         type=float,
         default=DEFAULTS.shutdown_delay,
-        help="seconds after SIGTERM during which readiness fails and new requests get 503, before draining "
+        help="seconds after SIGTERM during which readiness fails (the pod's endpoints are withdrawn) while requests "
+        "are still answered, before draining "
         "(the process exits within delay + drain + a few seconds: keep it under the pod's grace period, 30 s)",
     )
     group.add_argument(

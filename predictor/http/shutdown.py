@@ -28,12 +28,13 @@ def closing(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]
 
 
 class GracefulShutdown:
-    """SIGTERM: fail readiness and refuse new requests for ``delay_s`` seconds, then drain for ``drain_s``.
+    """SIGTERM: fail readiness while still answering for ``delay_s`` seconds, then drain for ``drain_s``.
 
     Installed as a pure ASGI middleware: on the lifespan startup (uvicorn has installed its signal
     handlers by then) it puts its own SIGTERM handler in front of uvicorn's. Kubernetes keeps
-    sending traffic for a moment after it starts terminating a pod; during ``delay_s`` those
-    requests get 503 with ``Retry-After`` (not a refused connection), in-flight requests go on. Then
+    sending traffic for a moment after it starts terminating a pod (until the failed readiness has
+    withdrawn its endpoints everywhere); during ``delay_s`` those requests are answered as before
+    (a Service's client cannot retry a 503 on another replica by itself), in-flight requests go on. Then
     uvicorn's own handler stops accepting connections and waits for the requests in flight, and the
     ``drain_hooks`` start (the gRPC server's own drain). A request still unanswered ``drain_s`` seconds
     later is cancelled here and answered 503 with ``Retry-After`` (uvicorn's own graceful timeout, which
@@ -110,7 +111,7 @@ class GracefulShutdown:
         self.shutting_down = True
         self.lifecycle.enter(Phase.DRAINING)
         log.info(
-            "SIGTERM: not ready; new requests get 503 for %.1fs, then %.1fs to finish requests in flight",
+            "SIGTERM: not ready; answering for %.1fs more while the endpoints go, then %.1fs for requests in flight",
             self.delay_s,
             self.drain_s,
         )

@@ -92,8 +92,14 @@ class Lifecycle:
         return True
 
     def check_serving(self) -> None:
-        """Raise :class:`Unavailable` unless requests may be admitted now."""
-        if self.phase is Phase.OK:
+        """Raise :class:`Unavailable` unless requests may be admitted now.
+
+        A draining server still admits them: during the shutdown delay readiness fails so that Kubernetes withdraws
+        the pod's endpoints, but the requests its Services still send meanwhile are answered, not refused (a client
+        of a Service cannot retry on another replica by itself). After the delay the server stops accepting
+        connections; only then does the drain timeout answer what is left with 503.
+        """
+        if self.phase in (Phase.OK, Phase.DRAINING):
             return
         reason = self.phase.value
         messages = {

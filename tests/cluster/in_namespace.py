@@ -7,15 +7,22 @@ result on stdout.
 - ``{"mode": "sdk", "url": ..., "model": ...}``: one System One request by the TypeSafe SDK; the answer as JSON.
 - ``{"mode": "load", "url": ..., "request": {...}, "clients": n, "seconds": s}``: ``n`` clients sending the request
   one after another for ``s`` seconds; each outcome as ``{"status", "retry_after"}`` or ``{"error": <class>,
-  "sent": <whether the connection was made>}``.
+  "sent": <whether the connection was made>}``, with ``at`` (seconds since the load began). Optional:
+  ``"fresh": true`` sends each request on a new connection (``Connection: close``), so that the Service spreads
+  them over its ready pods as new clients would be; ``"stop_file": path`` ends the load early once that file
+  exists; ``"phases": [[clients, seconds], ...]`` (repeated until the end) keeps only that many of the ``n``
+  clients sending in each phase; ``"unique": true`` makes each request's ``state`` unique (the request's state and
+  a sequence number), so that none is answered from the predictor's answer cache.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -62,17 +69,45 @@ def run_sdk(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def active_clients(phases: list[list[float]], elapsed: float) -> int:
+    """How many clients send at ``elapsed`` seconds into a load of repeated ``[clients, seconds]`` phases."""
+    elapsed %= sum(seconds for _, seconds in phases)
+    for clients, seconds in phases:
+        if elapsed < seconds:
+            return int(clients)
+        elapsed -= seconds
+    return int(phases[-1][0])
+
+
 def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
     outcomes: list[dict[str, Any]] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + job["seconds"]
+    started = time.monotonic()
+    deadline = started + job["seconds"]
+    headers = {"connection": "close"} if job.get("fresh") else {}
+    stop_file = Path(job["stop_file"]) if job.get("stop_file") else None
+    phases = job.get("phases") or [[job["clients"], job["seconds"]]]
+    sequence = itertools.count()
 
-    def client_loop() -> None:
-        with httpx.Client(base_url=job["url"], timeout=60) as client:
-            while time.monotonic() < deadline:
+    def body() -> dict[str, Any]:
+        request: dict[str, Any] = job["request"]
+        return (
+            {**request, "state": {"load": next(sequence), "state": request["state"]}} if job.get("unique") else request
+        )
+
+    def running() -> bool:
+        return time.monotonic() < deadline and not (stop_file is not None and stop_file.exists())
+
+    def client_loop(index: int) -> None:
+        with httpx.Client(base_url=job["url"], timeout=60, headers=headers) as client:
+            while running():
+                if index >= active_clients(phases, time.monotonic() - started):
+                    time.sleep(0.1)
+                    continue
                 outcome: dict[str, Any]
+                at = round(time.monotonic() - started, 2)
                 try:
-                    response = client.post("/v1/systemone", json=job["request"])
+                    response = client.post("/v1/systemone", json=body())
                     outcome = {"status": response.status_code, "retry_after": response.headers.get("retry-after")}
                 except httpx.ConnectError as error:  # refused or unreachable before a byte was sent
                     outcome = {"error": type(error).__name__, "sent": False}
@@ -80,9 +115,9 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
                 except httpx.TransportError as error:  # the connection broke after the request was sent
                     outcome = {"error": type(error).__name__, "sent": True}
                 with lock:
-                    outcomes.append(outcome)
+                    outcomes.append({**outcome, "at": at})
 
-    threads = [threading.Thread(target=client_loop) for _ in range(job["clients"])]
+    threads = [threading.Thread(target=client_loop, args=(index,)) for index in range(job["clients"])]
     for thread in threads:
         thread.start()
     for thread in threads:

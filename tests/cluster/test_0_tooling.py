@@ -11,15 +11,17 @@ import json
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 from cryptography import x509
 
-from clef_cluster import nodes, oci, pki
+from clef_cluster import adapter, nodes, oci, pki, pod_targets
+from clef_cluster.pod_targets import PATH, PORT, SCRAPE
 from clef_cluster.processes import start, stop
 from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
 from clef_operator.pools import GPU_LABELS, evaluate_pool, group_into_pools, summarize_node
-from clef_operator.spec import parse_spec
+from clef_operator.spec import PREDICTOR_GAUGES, parse_spec
 from tests.cluster.helpers import FP8_POOLS, TOO_OLD_POOLS
 from tests.cluster.kube import EXAMPLE
 
@@ -116,3 +118,43 @@ def test_clef_cluster_modules_import_no_circle() -> None:
 
     circles = sorted(module for module in graph if reaches(module, module, {module}))
     assert not circles, f"modules that import themselves through others: {circles}"
+
+
+def test_pod_targets_keep_the_running_annotated_pods_as_prometheus_example_does() -> None:
+    def pod(name: str, phase: str = "Running", ip: str | None = "10.244.1.5", **annotations: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+            "status": {"phase": phase, **({"podIP": ip} if ip else {})},
+        }
+
+    scraped = {SCRAPE: "true", PORT: "8080"}
+    groups = pod_targets.targets(
+        [
+            pod("b", **scraped, **{PATH: "/stats"}),
+            pod("a", **scraped),
+            pod("not-annotated"),
+            pod("off", **{**scraped, SCRAPE: "false"}),
+            pod("pending", phase="Pending", **scraped),
+            pod("no-ip", ip=None, **scraped),
+            pod("no-port", **{SCRAPE: "true"}),
+        ]
+    )
+    assert groups == [
+        {"targets": ["10.244.1.5:8080"], "labels": {"namespace": "ml", "pod": "a", "__metrics_path__": "/metrics"}},
+        {"targets": ["10.244.1.5:8080"], "labels": {"namespace": "ml", "pod": "b", "__metrics_path__": "/stats"}},
+    ]
+
+
+def test_the_adapters_rule_covers_every_predictor_gauge_while_ready_and_both_api_versions() -> None:
+    (rule,) = adapter.config()["rules"]
+    assert all(gauge in rule["seriesQuery"] for gauge in PREDICTOR_GAUGES)
+    assert "clef_ready{<<.LabelMatchers>>} == 1" in rule["metricsQuery"]
+    objects = adapter.objects("10.243.7.1", 4443, "Q0E=")
+    services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "APIService"}
+    assert set(services) == {"v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io"}
+    assert (
+        services["v1beta2.custom.metrics.k8s.io"]["versionPriority"]
+        > services["v1beta1.custom.metrics.k8s.io"]["versionPriority"]
+    )
+    (endpoints,) = [o for o in objects if o["kind"] == "EndpointSlice"]
+    assert endpoints["endpoints"][0]["addresses"] == ["10.243.7.1"] and endpoints["ports"][0]["port"] == 4443

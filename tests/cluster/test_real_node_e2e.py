@@ -306,8 +306,9 @@ def test_a_killed_container_is_restarted_and_traffic_resumes(e2e_cluster: Cluste
 def test_deleting_the_pod_under_load_gives_503_or_answers(
     e2e_cluster: Cluster, kube: Kube, url: str, tmp_path: Path
 ) -> None:
-    """Two clients for 30 s while the pod is deleted: every answer is a 200 or a 503 with Retry-After; a connection
-    may be refused while the Service has no ready pod (nothing was sent), never broken after a request was sent."""
+    """Two clients for 30 s while the pod is deleted: every answer is a 200 (the predictor answers during its
+    shutdown delay, while the endpoints go) or a 503 with Retry-After (its drain timeout's answer); a connection may
+    be refused while the Service has no ready pod (nothing was sent), never broken after a request was sent."""
     old = predictor_pod(kube)["metadata"]["name"]
     job = tmp_path / "load.json"
     job.write_text(json.dumps({"mode": "load", "url": url, "request": REQUEST, "clients": 2, "seconds": 30}))

@@ -33,6 +33,15 @@ VALID: list[dict[str, Any]] = [
     {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "keda": {"serverAddress": "http://prom:9090"}}},
     {"nodePools": {"labelKey": "pool", "declared": [{"name": "p", "computeCapability": "9.0"}]}},
     {"backend": "deployment"},
+    {
+        "backend": "deployment",
+        "autoscaling": {
+            "maxReplicas": 2,
+            "podMetric": {"name": "clef_engine_in_flight", "target": "2"},
+            "scaleUpStabilizationSeconds": 5,
+            "scaleDownStabilizationSeconds": 30,
+        },
+    },
 ]
 # (spec fields over BASE, the field both must name)
 INVALID: list[tuple[dict[str, Any], str]] = [
@@ -79,6 +88,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"nodePools": {"removalGracePeriod": "10 minutes"}}, "removalGracePeriod"),
     ({"deploymentMode": "Serverless"}, "deploymentMode"),
     ({"backend": "knative"}, "spec.backend"),
+    ({"backend": "kserve", "autoscaling": {"maxReplicas": 2, "podMetric": {}}}, "autoscaling"),
+    ({"autoscaling": {"maxReplicas": 2, "podMetric": {}, "keda": {"serverAddress": "http://p"}}}, "autoscaling"),
+    ({"autoscaling": {"maxReplicas": 2, "podMetric": {"name": "clef_ready"}}}, "podMetric"),
+    ({"autoscaling": {"maxReplicas": 2, "scaleDownStabilizationSeconds": 3601}}, "scaleDownStabilizationSeconds"),
 ]
 
 

@@ -326,3 +326,31 @@ def test_chart_and_operator_accept_the_same_cache_volume_sources() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = schema["properties"]["servingRuntime"]["properties"]["compileCache"]["propertyNames"]["enum"]
     assert enum == list(CACHE_VOLUME_SOURCES)
+
+
+def test_the_grafana_dashboard_is_an_optional_configmap_for_the_sidecar(
+    render: Render, rendered_default: list[dict[str, Any]]
+) -> None:
+    assert not [obj for obj in rendered_default if obj["kind"] == "ConfigMap"]  # off by default
+    rendered = render(sets=["grafanaDashboard.enabled=true", "grafanaDashboard.namespace=monitoring"])
+    config_map = one(rendered, "ConfigMap")
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "clef-predictors.json").read_text())
+    assert json.loads(config_map["data"]["clef-predictors.json"]) == shipped
+
+
+def test_the_dashboard_queries_name_the_predictors_own_metrics() -> None:
+    """Every metric a panel queries is one the predictor exports (a histogram's by its _bucket series)."""
+    import re
+
+    from prometheus_client import REGISTRY
+
+    import predictor.core.metrics  # noqa: F401  (registers the predictor's metrics)
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    exported = {family.name + suffix for family in REGISTRY.collect() for suffix in suffixes.get(family.type, ("",))}
+    dashboard = json.loads((CHART / "dashboards" / "clef-predictors.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    named = {name for expr in exprs for name in re.findall(r"\bclef_[a-z_]+\b", expr)}
+    assert named and named <= exported, named - exported

@@ -18,7 +18,7 @@ from clef_operator.pass_state import Policy
 from clef_operator.pools import GpuNode, NodePool
 from clef_operator.reconcile import reconcile, resolve_backend
 from clef_operator.resources import SCALED_OBJECTS, Resource
-from clef_operator.spec import parse_spec
+from clef_operator.spec import InvalidSpecError, parse_spec
 
 POOL = NodePool("h100-pool", "cloud.google.com/gke-nodepool", ())
 
@@ -110,6 +110,7 @@ def test_autoscaling_gets_a_horizontal_pod_autoscaler_that_owns_the_replicas() -
                 "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 70}},
             }
         ],
+        "behavior": {"scaleUp": {"stabilizationWindowSeconds": 60}, "scaleDown": {"stabilizationWindowSeconds": 600}},
     }
     default = w.build_autoscaler(_spec(autoscaling={"maxReplicas": 2}), POOL, deployment)
     assert default is not None and default["spec"]["metrics"][0]["resource"] == {
@@ -146,6 +147,7 @@ def test_keda_autoscaling_gets_a_scaled_object_that_owns_the_replicas() -> None:
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "clef-h100-pool"},
         "minReplicaCount": 1,
         "maxReplicaCount": 4,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": w.build_behavior(spec.autoscaling)}},
         "triggers": [
             {
                 "type": "prometheus",
@@ -159,6 +161,76 @@ def test_keda_autoscaling_gets_a_scaled_object_that_owns_the_replicas() -> None:
     )
     assert default is not None and default["spec"]["triggers"][0]["metadata"]["threshold"] == "4"
     assert default["spec"]["triggers"][0]["metadata"]["query"].startswith("sum(clef_queue_depth{")
+
+
+def test_a_pod_metric_gets_a_pods_metric_with_its_average_target_and_the_spec_windows() -> None:
+    scaling = {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "podMetric": {"name": "clef_engine_in_flight", "target": "1500m"},
+        "scaleUpStabilizationSeconds": 5,
+        "scaleDownStabilizationSeconds": 0,
+    }
+    spec = _spec(autoscaling=scaling)
+    deployment = _deployment(spec, name="clef-h100-pool")
+    hpa = w.build_autoscaler(spec, POOL, deployment)
+    assert hpa is not None and (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2", "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": "clef_engine_in_flight"},
+                "target": {"type": "AverageValue", "averageValue": "1500m"},
+            },
+        }
+    ]
+    assert hpa["spec"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 5},
+        "scaleDown": {"stabilizationWindowSeconds": 0},
+    }
+    default = w.build_autoscaler(_spec(autoscaling={"maxReplicas": 2, "podMetric": {}}), POOL, deployment)
+    assert default is not None and default["spec"]["metrics"][0]["pods"] == {
+        "metric": {"name": "clef_queue_depth"},
+        "target": {"type": "AverageValue", "averageValue": "4"},
+    }
+    assert default["spec"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 60},
+        "scaleDown": {"stabilizationWindowSeconds": 600},
+    }
+
+
+def test_the_windows_reach_the_hpa_that_keda_makes() -> None:
+    spec = _spec(autoscaling={"maxReplicas": 2, "keda": KEDA, "scaleDownStabilizationSeconds": 120})
+    scaled = w.build_autoscaler(spec, POOL, _deployment(spec))
+    assert scaled is not None
+    assert scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 60},
+        "scaleDown": {"stabilizationWindowSeconds": 120},
+    }
+
+
+def test_the_predictor_pods_carry_the_prometheus_scrape_annotations() -> None:
+    spec = _spec()
+    want = {"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/metrics"}
+    assert _deployment(spec)["spec"]["template"]["metadata"]["annotations"] == want
+    isvc = build_inferenceservice(Placement(decision="clef", namespace="ml", pool=POOL, spec=spec))
+    assert isvc["spec"]["predictor"]["annotations"] == want
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"maxReplicas": 2, "podMetric": {}},
+        {"maxReplicas": 2, "scaleUpStabilizationSeconds": 30},
+        {"maxReplicas": 2, "scaleMetric": "concurrency", "scaleDownStabilizationSeconds": 30},
+    ],
+)
+def test_the_kserve_backend_refuses_the_deployment_backends_scaling_naming_the_fields(scaling: Any) -> None:
+    spec = _spec(autoscaling=scaling)  # backend left to the operator's default: refused when it picks kserve
+    with pytest.raises(w.UnsupportedOnBackendError, match=r"autoscaling\.podMetric.*backend: deployment"):
+        build_inferenceservice(Placement(decision="clef", namespace="ml", pool=POOL, spec=spec))
+    with pytest.raises(InvalidSpecError, match=r"spec: .*autoscaling\.podMetric"):
+        parse_spec({"model": {"storageUri": "hf://a/b"}, "backend": "kserve", "autoscaling": scaling})
 
 
 def test_the_query_selects_the_deployments_pods_only() -> None:
@@ -179,6 +251,7 @@ def test_the_query_selects_the_deployments_pods_only() -> None:
             _spec(autoscaling={"minReplicas": 0, "maxReplicas": 2, "keda": {"serverAddress": "http://prom:9090"}}),
             "no pod reports at 0 replicas",
         ),
+        (_spec(autoscaling={"minReplicas": 0, "maxReplicas": 2, "podMetric": {}}), "no pod reports at 0 replicas"),
     ],
 )
 def test_what_only_kserve_does_is_refused_saying_so(spec: Any, found: str) -> None:

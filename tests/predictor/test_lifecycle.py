@@ -80,23 +80,16 @@ def test_sigterm_drains_in_flight_requests(demo_server: Predictor) -> None:
         assert admitted >= 1, "no request was admitted"
         demo_server.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
-        # the shutdown delay: readiness fails and new requests are refused with 503 + Retry-After, in flight go on
+        # the shutdown delay: readiness fails (the endpoints go) while requests, in flight or new, are answered
         assert httpx.get(f"{demo_server.url}/v1/models/{MODEL_NAME}", timeout=30).status_code == 503
         assert httpx.get(f"{demo_server.url}/v2/health/ready", timeout=30).json() == {"ready": False}
         assert httpx.get(f"{demo_server.url}/health", timeout=30).json() == {"status": "draining"}
         assert httpx.get(f"{demo_server.url}/health/live", timeout=30).status_code == 200
-        refused = httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(), timeout=30)
-        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
-        assert refused.json()["error"]["type"] == "service_unavailable"
+        late = httpx.post(f"{demo_server.url}/v1/systemone", json=simple_request(), timeout=30)
+        assert late.status_code == 200 and late.headers["connection"] == "close", late.text
         responses = [future.result() for future in futures]
-    # requests admitted before SIGTERM finish; those that arrived after it were refused with 503 + Retry-After
-    answered = [response for response in responses if response.status_code == 200]
-    assert len(answered) >= admitted and all(json.loads(response.text)["answers"] for response in answered)
-    assert all(
-        response.status_code == 503 and response.headers["retry-after"]
-        for response in responses
-        if response.status_code != 200
-    )
+    # every request, admitted before SIGTERM or sent during the delay, was answered
+    assert all(response.status_code == 200 and json.loads(response.text)["answers"] for response in responses)
     assert demo_server.process.wait(120) == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{demo_server.url}/health", timeout=5)

@@ -265,7 +265,7 @@ def test_a_body_is_answered_from_the_cache_only_while_serving_and_never_when_it_
         with pytest.raises(ServiceError):
             asyncio.run(service.answer_json(wrong, "application/json"))
     assert preparer.jobs == 3  # a refused body is read again each time
-    service.lifecycle.phase = Phase.DRAINING
+    service.lifecycle.phase = Phase.WARMING_UP
     with pytest.raises(Unavailable):
         asyncio.run(service.answer_json(raw, "application/json"))
     off = serving(FakeEngine(tokenizer), answer_cache_bytes=0, preparer=CountingPreparer(tokenizer))
@@ -313,12 +313,21 @@ def test_the_cache_stays_within_its_bytes_and_drops_the_least_recently_used() ->
 
 def test_not_ready_states_refuse_with_retry_after(tokenizer: Any) -> None:
     service = serving(FakeEngine(tokenizer))
-    for phase, reason in ((Phase.WARMING_UP, "warming_up"), (Phase.DRAINING, "draining")):
+    for phase, reason in ((Phase.WARMING_UP, "warming_up"), (Phase.UNLOADED, "unloaded")):
         service.lifecycle.phase = phase
         with pytest.raises(Unavailable) as caught:
             asyncio.run(service.answer(simple_request()))
         assert caught.value.reason == reason
         assert from_service_error(caught.value).headers["Retry-After"]
+
+
+def test_a_draining_server_is_not_ready_but_still_answers(tokenizer: Any) -> None:
+    """The shutdown delay: readiness (clef_ready) is off so the endpoints go, the requests still sent are served."""
+    service = serving(FakeEngine(tokenizer))
+    service.lifecycle.enter(Phase.DRAINING)
+    assert not service.lifecycle.ready
+    answer = asyncio.run(service.answer(simple_request()))
+    assert answer["answers"], answer
 
 
 def _model(engine: FakeEngine, exits: list[int], exit_on_death: bool = True) -> ClefModel:

@@ -63,14 +63,14 @@ def test_answers_after_sigterm_close_keep_alive_connections(
             server.process.send_signal(signal.SIGTERM)
             wait_until_draining(server)
             status, headers = exchange(sock, "/v1/systemone", body)
-            assert status == 503 and headers.get("connection") == "close" and headers.get("retry-after"), headers
+            assert status == 200 and headers.get("connection") == "close", headers  # answered, then closed
             assert sock.recv(65536) == b"", "the server kept the connection open after Connection: close"
         answers = []
         with httpx.Client(base_url=server.url, timeout=30) as client:  # one pooled keep-alive connection at a time
             while time.monotonic() < signalled + DELAY_S - 2:
                 response = client.post("/v1/systemone", content=body, headers={"content-type": "application/json"})
                 answers.append((response.status_code, response.headers.get("connection")))
-        assert answers and set(answers) == {(503, "close")}, answers
+        assert answers and set(answers) == {(200, "close")}, answers
         assert server.process.wait(60) == 0, server.log()[-3000:]
     finally:
         stop(server)
