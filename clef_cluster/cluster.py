@@ -13,6 +13,10 @@ that aggregated APIs such as the adapter's know who calls them. Every process an
 slot, are recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first, then removes
 what the node left (containers, mounts, cgroups) and the namespace. ``up`` in a folder whose earlier cluster
 crashed cleans that one up first.
+
+One module of ~580 lines on purpose: the start order of ``up`` and the stop order of ``down`` read from one
+place, over one state record; what each component needs in detail lives in its own module (netns, pki, node,
+kserve, metrics, adapter).
 """
 
 from __future__ import annotations
