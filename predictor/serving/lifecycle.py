@@ -105,7 +105,6 @@ class Lifecycle:
         messages = {
             Phase.LOADING: f"model {self.name!r} is loading; retry shortly",
             Phase.WARMING_UP: f"model {self.name!r} is warming up; retry shortly",
-            Phase.DRAINING: "the server is shutting down; retry on another replica",
             Phase.ENGINE_DEAD: f"the engine is not running ({self.failure}); the server is restarting",
             Phase.STOPPED: "the server has stopped",
             Phase.UNLOADED: (
