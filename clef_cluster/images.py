@@ -2,20 +2,23 @@
 
 Each image is one layer: a Debian root filesystem made by ``mmdebstrap`` (the suite and apt sources this machine
 is configured with) with Python from Debian's packages, our distribution built as a wheel from the working tree and
-installed with its dependencies from PyPI (``uv``, at the versions the project's environment holds), bytecode
-compiled once, and the unprivileged user the chart's securityContext runs as. What goes in and how the image runs
-(the sources copied, ``ENV``, ``USER``, ``WORKDIR``, ``EXPOSE``, ``ENTRYPOINT``, ``CMD``) is read from the image's
-Dockerfile in docker/, so the registry build and this one cannot drift apart. The result is an OCI image archive
-(``oci-archive``) that ``ctr -n k8s.io images import`` takes, named ``localhost/clef-serving/<image>:<tag>``.
+installed with its dependencies from PyPI (``uv``, at the versions the project's environment holds, as is the
+wheel's build backend), console scripts in /usr/local/bin, bytecode compiled once, and the unprivileged user the
+chart's securityContext runs as. What goes in and how the image runs (the sources copied, ``ENV``, ``USER``,
+``WORKDIR``, ``EXPOSE``, ``ENTRYPOINT``, ``CMD``) is read from the image's Dockerfile in docker/, so the registry
+build and this one cannot drift apart. The result is an OCI image archive (``oci-archive``) that
+``ctr -n k8s.io images import`` takes, named ``localhost/clef-serving/<image>:<tag>``.
 
 Builds are reproducible: ``SOURCE_DATE_EPOCH`` is fixed, mmdebstrap writes the layer sorted, with numeric owners and
-every mtime clamped to it, bytecode is hash-based, and the archive's own JSON and tar headers carry no build time.
-The tag is the distribution's version and a hash of every input (:func:`image_key`); a build whose archive exists
-is a no-op. docs/container-images.md has the design, the sizes and the build times.
+every mtime clamped to it, bytecode is hash-based, nothing records this machine's paths (the console scripts'
+shebang is the image's Python), and the archive's own JSON and tar headers carry no build time. The tag is the
+distribution's version and a hash of every input (:func:`image_key`); a build whose archive exists is a no-op.
+docs/container-images.md has the design, the sizes and the build times.
 """
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import hashlib
 import importlib.metadata
@@ -46,6 +49,8 @@ REGISTRY = "localhost/clef-serving"
 SOURCE_DATE_EPOCH = 1767225600
 SUITE = "bookworm"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 reads installs from here
+SCRIPTS_DIR = "/usr/local/bin"  # where the distributions' console scripts go, as a `pip install` there puts them
+IMAGE_PYTHON = "/usr/bin/python3"  # Debian's interpreter: the scripts' shebang
 PYTHON_VERSION = "3.11"
 PYTHON_PLATFORM = "x86_64-manylinux_2_36"  # bookworm's glibc
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
@@ -283,24 +288,30 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
             target = work / "src" / destination.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-        _say(log, f"{spec.name}: building the wheel of {spec.project}")
-        wheels = work / "wheels"
-        _run([_uv(), "build", "--wheel", "--out-dir", str(wheels), str(work / "src" / spec.project.lstrip("/"))], env)
-        (wheel,) = wheels.glob("*.whl")
+        # The environment's versions, for the wheel's build backend as for what the image installs.
         constraints = work / "constraints.txt"
         constraints.write_text("\n".join(pins()) + "\n")
+        _say(log, f"{spec.name}: building the wheel of {spec.project}")
+        wheels = work / "wheels"
+        source = work / "src" / spec.project.lstrip("/")
+        build_wheel = [_uv(), "build", "--wheel", "--build-constraints", str(constraints), "--out-dir", str(wheels)]
+        _run([*build_wheel, str(source)], env)
+        (wheel,) = wheels.glob("*.whl")
         requirement = f"{wheel}[{','.join(spec.extras)}]" if spec.extras else str(wheel)
         site = work / "site-packages"
         _say(log, f"{spec.name}: installing the wheel and its dependencies (the environment's versions)")
         _run(
             [
                 _uv(), "pip", "install", "--quiet", "--no-config", "--link-mode=copy", "--no-compile-bytecode",
+                f"--python={sys.executable}",  # else uv picks one by the working directory
                 f"--python-version={PYTHON_VERSION}", f"--python-platform={PYTHON_PLATFORM}",
                 "--constraint", str(constraints), "--target", str(site), requirement,
             ],
             env,
         )  # fmt: skip
         drop_install_records(site)
+        scripts = work / "scripts"
+        relocate_scripts(site, scripts)
         # A file this Python cannot compile (another version's test module) cannot be imported either, so
         # compile_dir's verdict on such files is not the build's (as in docker/predictor.Dockerfile).
         compile_all = [
@@ -311,6 +322,7 @@ def _build_archive(spec: ImageSpec, image: BuiltImage, folder: Path, log: bool) 
         hooks = [
             # python3's postinst makes an empty dist-packages: ours replaces it (a rename: one filesystem).
             f'mkdir -p "$1"{SITE_PACKAGES} && rmdir "$1"{SITE_PACKAGES} && mv {_quote(str(site))} "$1"{SITE_PACKAGES}',
+            f'mv {_quote(str(scripts))}/* "$1"{SCRIPTS_DIR}/',
             # Hash-based bytecode: the sources' mtimes are clamped in the layer, and the root filesystem is
             # read-only at run time, so timestamped bytecode would be stale and never rewritten.
             " ".join(_quote(arg) for arg in compile_all),
@@ -348,6 +360,35 @@ def drop_install_records(site: Path) -> None:
         dropped = tuple(f"{dist_info.name}/{name}," for name in found)
         lines = record.read_text().splitlines(keepends=True)
         record.write_text("".join(line for line in lines if not line.startswith(dropped)))
+
+
+def relocate_scripts(site: Path, scripts: Path) -> None:
+    """Move the console scripts the installer wrote to ``site/bin`` (``--target``'s layout) to ``scripts``, which
+    becomes :data:`SCRIPTS_DIR`, with the image's interpreter as their shebang in place of this machine's (which
+    would make the image depend on where it was built), and update the distributions' RECORDs to match, as
+    ``pip install`` into ``/usr/local`` records them."""
+    scripts.mkdir()
+    moved: dict[str, str] = {}
+    for script in sorted((site / "bin").iterdir()):
+        first, newline, rest = script.read_bytes().partition(b"\n")
+        if not first.startswith(b"#!") or b"python" not in first:
+            raise ImageBuildError(f"{script.name}: not a Python console script (first line {first[:80]!r})")
+        body = b"#!" + IMAGE_PYTHON.encode() + newline + rest
+        (scripts / script.name).write_bytes(body)
+        (scripts / script.name).chmod(0o755)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+        installed = f"{os.path.relpath(SCRIPTS_DIR, SITE_PACKAGES)}/{script.name}"
+        moved[f"bin/{script.name}"] = f"{installed},sha256={digest},{len(body)}"
+        script.unlink()
+    (site / "bin").rmdir()
+    for record in site.glob("*.dist-info/RECORD"):
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(_moved_line(line, moved) for line in lines))
+
+
+def _moved_line(line: str, moved: dict[str, str]) -> str:
+    path = line.partition(",")[0]
+    return moved[path] + "\n" if path in moved else line
 
 
 def _useradd(runtime: Runtime) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -98,6 +100,33 @@ def test_install_records_are_dropped_from_the_files_and_from_record(tmp_path: Pa
     assert (dist_info / "RECORD").read_text() == (
         "pkg/__init__.py,sha256=abc,3\npkg-1.0.dist-info/METADATA,sha256=def,2\npkg-1.0.dist-info/RECORD,,\n"
     )
+
+
+def test_console_scripts_move_to_usr_local_bin_with_the_images_python(tmp_path: Path) -> None:
+    """The installer's scripts carry the building machine's interpreter; the image's carry its own, and RECORD
+    follows them (path and hash), as ``pip install`` into /usr/local records them."""
+    site, scripts = tmp_path / "site", tmp_path / "scripts"
+    (site / "bin").mkdir(parents=True)
+    (site / "bin" / "tool").write_bytes(b"#!/home/someone/.venv/bin/python\nimport pkg\npkg.main()\n")
+    dist_info = site / "pkg-1.0.dist-info"
+    dist_info.mkdir()
+    record = "bin/tool,sha256=old,49\npkg/__init__.py,sha256=abc,3\npkg-1.0.dist-info/RECORD,,\n"
+    (dist_info / "RECORD").write_text(record)
+    images.relocate_scripts(site, scripts)
+    body = b"#!/usr/bin/python3\nimport pkg\npkg.main()\n"
+    assert (scripts / "tool").read_bytes() == body and (scripts / "tool").stat().st_mode & 0o777 == 0o755
+    assert not (site / "bin").exists()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+    assert (dist_info / "RECORD").read_text() == (
+        f"../../../bin/tool,sha256={digest},{len(body)}\npkg/__init__.py,sha256=abc,3\npkg-1.0.dist-info/RECORD,,\n"
+    )
+
+
+def test_a_script_that_is_not_python_stops_the_build(tmp_path: Path) -> None:
+    (tmp_path / "site" / "bin").mkdir(parents=True)
+    (tmp_path / "site" / "bin" / "tool").write_bytes(b"\x7fELF\x02\x01")
+    with pytest.raises(images.ImageBuildError, match="tool: not a Python console script"):
+        images.relocate_scripts(tmp_path / "site", tmp_path / "scripts")
 
 
 def test_pins_read_the_environment_not_other_folders_on_the_path(

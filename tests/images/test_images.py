@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -88,6 +89,28 @@ def test_operator_image_runs_as_the_charts_user_on_a_read_only_root(containerd: 
     assert probe == {"uid": 10001, "gid": 10001, "wrote_root": False, "torch": False, "vllm": False}
 
 
+def test_the_operator_image_names_nothing_of_the_machine_that_built_it() -> None:
+    """No file of the layer holds this checkout's path, this Python's or the image cache's; the console scripts
+    are in /usr/local/bin and start the image's Python."""
+    image = images.build("clef-operator")
+    host_paths = {str(REPO), sys.prefix, sys.base_prefix, str(images.images_dir())}
+    found: list[tuple[str, str]] = []
+    shebangs: dict[str, bytes] = {}
+    with tarfile.open(image.archive) as archive:
+        (layer_member,) = [member for member in archive.getmembers() if member.size > 1_000_000]
+        with tarfile.open(fileobj=archive.extractfile(layer_member)) as layer:
+            for member in layer:
+                if not member.isfile():
+                    continue
+                data = layer.extractfile(member).read()  # type: ignore[union-attr]
+                found += [(member.name, path) for path in host_paths if path.encode() in data]
+                if member.name.startswith(f".{images.SCRIPTS_DIR}/"):
+                    shebangs[member.name.rpartition("/")[2]] = data.partition(b"\n")[0]
+    assert found == []
+    assert {"clef-operator", "kopf"} <= shebangs.keys()
+    assert set(shebangs.values()) == {f"#!{images.IMAGE_PYTHON}".encode()}
+
+
 def test_predictor_image_answers_system_one_as_the_local_predictor(containerd: Containerd, tmp_path: Path) -> None:
     """The CPU predictor image, with the demo release mounted where KServe puts a model, starts with the engine
     `--engine auto` picks on a CPU node and answers the demo's System One request (scripts/demo_request.json) as
@@ -152,9 +175,12 @@ def test_a_second_build_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_operator_image_builds_bit_for_bit_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reproducible: a second cold build of the same inputs (another cache) gives the same archive, byte for byte."""
+    """Reproducible: a second cold build of the same inputs (another cache, another working directory, no
+    virtual environment named) gives the same archive, byte for byte."""
     cached = images.build("clef-operator")
     monkeypatch.setenv("CLEF_CLUSTER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    monkeypatch.chdir(tmp_path)
     again = images.build("clef-operator", log=False)
     assert again.archive != cached.archive and again.reference == cached.reference
     assert oci.file_sha256(again.archive) == oci.file_sha256(cached.archive)
