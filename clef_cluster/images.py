@@ -56,6 +56,8 @@ PYTHON_PLATFORM = "x86_64-manylinux_2_36"  # bookworm's glibc
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 # The distributions whose versions come from the working tree, not from the environment's pins.
 OWN_DISTRIBUTIONS = frozenset({"clef-serving", "clef-serving-operator"})
+# Archives kept per image: the current inputs' and those of other checkouts or branches used lately.
+KEPT_ARCHIVES = 2
 # Written by the installer for a wheel installed from a path: the path, and the installer's cache time.
 INSTALL_RECORDS = ("direct_url.json", "uv_cache.json")
 
@@ -251,11 +253,13 @@ def built_image(name: str) -> BuiltImage:
 
 
 def build(name: str, log: bool = True) -> BuiltImage:
-    """Build image ``name`` unless its archive for the current inputs exists; return it. Older builds of the same
-    image are removed."""
+    """Build image ``name`` unless its archive for the current inputs exists; return it. The image's archives of
+    other inputs are kept while they are among the :data:`KEPT_ARCHIVES` last used (other checkouts on the
+    machine may be using them), older ones are removed."""
     image = built_image(name)
     with _lock(images_dir() / f"{name}.lock"):
         if image.archive.is_file():
+            os.utime(image.archive.parent)  # used now
             return image
         started = time.monotonic()
         _say(log, f"building {image.reference} (once for these inputs)")
@@ -267,11 +271,22 @@ def build(name: str, log: bool = True) -> BuiltImage:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        for other in folder.parent.iterdir():
-            if other != folder and other.is_dir():
-                shutil.rmtree(other)
+        remove_unused_archives(folder.parent, KEPT_ARCHIVES)
         _say(log, f"built {image.reference} in {time.monotonic() - started:.0f} s: {image.archive}")
     return image
+
+
+def remove_unused_archives(image_dir: Path, keep: int) -> None:
+    """Keep the ``keep`` archive folders of ``image_dir`` used last (a folder's mtime is its last use); remove the
+    others, and any folder without an archive (a build that was killed)."""
+    built = sorted(
+        (folder for folder in image_dir.iterdir() if folder.is_dir() and any(folder.glob("*.oci.tar"))),
+        key=lambda folder: folder.stat().st_mtime_ns,
+        reverse=True,
+    )
+    for folder in image_dir.iterdir():
+        if folder.is_dir() and folder not in built[:keep]:
+            shutil.rmtree(folder)
 
 
 def build_all(log: bool = True) -> dict[str, BuiltImage]:

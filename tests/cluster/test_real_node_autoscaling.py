@@ -12,7 +12,6 @@ scale-down) are printed; docs/autoscaling.md and the README quote them.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -74,20 +73,12 @@ def two_gpus(kube: Kube) -> None:
 
 
 @pytest.fixture(scope="module")
-def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None, tmp_path_factory: pytest.TempPathFactory) -> None:
+def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None) -> None:
     """Both images imported into the node's containerd, then ``helm install --wait`` with them (the operator as a
     pod on the real node)."""
-    # The cache keeps one archive per image: a run of other inputs on this machine may replace ours once its own
-    # build of that image ends, so each archive is linked here as soon as it is built (the same file, no copy) and
-    # the import reads the link.
-    held = tmp_path_factory.mktemp("archives")
-    built = {}
-    for name in images.IMAGES:
-        built[name] = images.build(name)
-        os.link(built[name].archive, held / f"{name}.oci.tar")
-    for name, image in built.items():
-        assert scaling_cluster.node.import_image(held / f"{name}.oci.tar") == [image.reference]
-        (held / f"{name}.oci.tar").unlink()
+    built = {name: images.build(name) for name in images.IMAGES}
+    for image in built.values():
+        assert scaling_cluster.node.import_image(image.archive) == [image.reference]
     operator, predictor = built["clef-operator"].reference, built["clef-predictor-cpu"].reference
     kube.helm(
         "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=5m",

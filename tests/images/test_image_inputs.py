@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -127,6 +128,18 @@ def test_a_script_that_is_not_python_stops_the_build(tmp_path: Path) -> None:
     (tmp_path / "site" / "bin" / "tool").write_bytes(b"\x7fELF\x02\x01")
     with pytest.raises(images.ImageBuildError, match="tool: not a Python console script"):
         images.relocate_scripts(tmp_path / "site", tmp_path / "scripts")
+
+
+def test_the_archives_used_last_are_kept_and_the_others_removed(tmp_path: Path) -> None:
+    """Other checkouts' archives stay while they are among the last used; a killed build's folder goes."""
+    for age, key in enumerate(("newest", "older", "oldest")):
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "img.oci.tar").write_bytes(b"")
+        os.utime(tmp_path / key, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / "work-1").mkdir()
+    images.remove_unused_archives(tmp_path, keep=2)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["newest", "older"]
 
 
 def test_pins_read_the_environment_not_other_folders_on_the_path(
