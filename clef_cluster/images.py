@@ -385,10 +385,7 @@ def relocate_scripts(site: Path, scripts: Path) -> None:
     scripts.mkdir()
     moved: dict[str, str] = {}
     for script in sorted((site / "bin").iterdir()):
-        first, newline, rest = script.read_bytes().partition(b"\n")
-        if not first.startswith(b"#!") or b"python" not in first:
-            raise ImageBuildError(f"{script.name}: not a Python console script (first line {first[:80]!r})")
-        body = b"#!" + IMAGE_PYTHON.encode() + newline + rest
+        body = b"#!" + IMAGE_PYTHON.encode() + b"\n" + _script_body(script)
         (scripts / script.name).write_bytes(body)
         (scripts / script.name).chmod(0o755)
         digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
@@ -399,6 +396,19 @@ def relocate_scripts(site: Path, scripts: Path) -> None:
     for record in site.glob("*.dist-info/RECORD"):
         lines = record.read_text().splitlines(keepends=True)
         record.write_text("".join(_moved_line(line, moved) for line in lines))
+
+
+def _script_body(script: Path) -> bytes:
+    """A console script less its launcher: the ``#!<python>`` line, or the ``/bin/sh`` prologue that installers
+    write when the interpreter's path is too long or has spaces for a shebang."""
+    first, _, rest = script.read_bytes().partition(b"\n")
+    if first == b"#!/bin/sh" and rest.startswith(b"'''exec' "):
+        prologue, found, body = rest.partition(b"\n' '''\n")
+        if found and b"\n" not in prologue:
+            return body
+    elif first.startswith(b"#!") and b"python" in first:
+        return rest
+    raise ImageBuildError(f"{script.name}: not a Python console script (first line {first[:80]!r})")
 
 
 def _moved_line(line: str, moved: dict[str, str]) -> str:

@@ -123,6 +123,15 @@ def test_console_scripts_move_to_usr_local_bin_with_the_images_python(tmp_path: 
     )
 
 
+def test_a_long_interpreter_paths_sh_prologue_is_replaced_too(tmp_path: Path) -> None:
+    (tmp_path / "site" / "bin").mkdir(parents=True)
+    long_python = "/home/someone/" + "deep/" * 30 + ".venv/bin/python"
+    prologue = f"#!/bin/sh\n'''exec' '{long_python}' \"$0\" \"$@\"\n' '''\n"
+    (tmp_path / "site" / "bin" / "tool").write_text(prologue + "import pkg\npkg.main()\n")
+    images.relocate_scripts(tmp_path / "site", tmp_path / "scripts")
+    assert (tmp_path / "scripts" / "tool").read_text() == "#!/usr/bin/python3\nimport pkg\npkg.main()\n"
+
+
 def test_a_script_that_is_not_python_stops_the_build(tmp_path: Path) -> None:
     (tmp_path / "site" / "bin").mkdir(parents=True)
     (tmp_path / "site" / "bin" / "tool").write_bytes(b"\x7fELF\x02\x01")
