@@ -12,7 +12,8 @@ result on stdout.
   them over its ready pods as new clients would be; ``"stop_file": path`` ends the load early once that file
   exists; ``"phases": [[clients, seconds], ...]`` (repeated until the end) keeps only that many of the ``n``
   clients sending in each phase; ``"unique": true`` makes each request's ``state`` unique (the request's state and
-  a sequence number), so that none is answered from the predictor's answer cache.
+  a sequence number), so that none is answered from the predictor's answer cache; ``"backoff": true`` makes a
+  client wait what an answer's ``Retry-After`` asks (at most 10 s) before its next request, as a polite client does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+BACKOFF_CAP_S = 10.0
 
 
 def run_http(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,6 +112,8 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
                 try:
                     response = client.post("/v1/systemone", json=body())
                     outcome = {"status": response.status_code, "retry_after": response.headers.get("retry-after")}
+                    if job.get("backoff") and outcome["retry_after"]:
+                        time.sleep(min(float(outcome["retry_after"]), BACKOFF_CAP_S))
                 except httpx.ConnectError as error:  # refused or unreachable before a byte was sent
                     outcome = {"error": type(error).__name__, "sent": False}
                     time.sleep(0.2)
