@@ -2,6 +2,7 @@
 
 python -m clef_cluster up                  # build once (cached), start everything, print the env
 python -m clef_cluster up --metrics        # ... with Prometheus and prometheus-adapter (custom metrics for HPAs)
+python -m clef_cluster up --keda           # ... and KEDA's operator and metrics server (external metrics)
 eval "$(python -m clef_cluster env)"       # KUBECONFIG for kubectl and helm
 python -m clef_cluster claims ml-serving   # the namespace and bound claims the README's ClefDecision mounts;
                       # prints each claim's folder on this machine (a hostPath volume: put the release there)
@@ -21,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clef_cluster import adapter, images
+from clef_cluster import adapter, images, keda
 from clef_cluster import build as building
 from clef_cluster.cluster import Cluster, ClusterError, down, up
 from clef_cluster.metrics import PrometheusMissingError
@@ -56,14 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metrics", action="store_true", help="Prometheus and prometheus-adapter (custom.metrics.k8s.io)"
     )
+    parser.add_argument(
+        "--keda",
+        action="store_true",
+        help="KEDA's operator and metrics server (external.metrics.k8s.io); implies --metrics",
+    )
     args = parser.parse_args(argv)
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
     folder = (args.dir or default_folder()).resolve()
     try:
         if args.command == "build":
             print(building.build(with_kserve=not args.no_kserve))
-            if args.metrics:
+            if args.metrics or args.keda:
                 print(adapter.build())
+            if args.keda:
+                print("\n".join(str(path) for path in keda.build().values()))
         elif args.command == "up":
             cluster = up(
                 folder,
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 with_nodes=not args.no_nodes,
                 with_node=not args.no_node,
                 with_metrics=args.metrics,
+                with_keda=args.keda,
             )
             _print_env(cluster)
         elif args.command == "down":

@@ -16,7 +16,6 @@ at the target when scaling down, as 0 when scaling up), instead of as an idle po
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ RELIST_INTERVAL = "15s"  # how often the adapter re-reads which series exist
 def binary() -> Path:
     """The adapter binary for this version and build (built or not)."""
     key = hashlib.sha256(
-        f"{ADAPTER_MODULE}@{ADAPTER_VERSION} {building.GO_BUILD} {building.LDFLAGS} {_go_version()}".encode()
+        f"{ADAPTER_MODULE}@{ADAPTER_VERSION} {building.GO_BUILD} {building.LDFLAGS} {building.go_version()}".encode()
     )
     return cache_root() / f"{NAME}-{ADAPTER_VERSION}-{key.hexdigest()[:12]}" / NAME
 
@@ -51,10 +50,6 @@ def build(log: bool = True) -> Path:
             source = building.module_source(ADAPTER_MODULE, ADAPTER_VERSION)
             building._go_build(source, ["./cmd/adapter"], target.parent, building.LDFLAGS, rename={"adapter": NAME})
     return target
-
-
-def _go_version() -> str:
-    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def config() -> dict[str, Any]:
@@ -109,25 +104,35 @@ def service_names() -> tuple[str, ...]:
 
 
 def objects(address: str, port: int, ca_bundle: str) -> list[dict[str, Any]]:
-    """The namespace, the selector-less Service with its one endpoint (the adapter on the host), and an APIService
-    per served version of custom.metrics.k8s.io (``ca_bundle``: the cluster CA, base64)."""
-    ports = [{"name": "https", "port": SERVICE_PORT, "targetPort": port, "protocol": "TCP"}]
+    """The namespace, then the adapter's registration (:func:`registration`) for custom.metrics.k8s.io."""
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        *registration(NAME, NAMESPACE, GROUP, API_VERSIONS, address, port, ca_bundle),
+    ]
+
+
+def registration(
+    name: str, namespace: str, group: str, versions: tuple[str, ...], address: str, port: int, ca_bundle: str
+) -> list[dict[str, Any]]:
+    """How the aggregation layer reaches an API server running on the host: the selector-less Service ``name``,
+    its one endpoint (``address:port``), and an APIService per served version of ``group``, the first version
+    preferred (``ca_bundle``: the cluster CA, base64, that signed the server's certificate for the Service's name)."""
+    ports = [{"name": "https", "port": SERVICE_PORT, "targetPort": port, "protocol": "TCP"}]
+    return [
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": NAME, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {"ports": ports},
         },
         {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
             "metadata": {
-                "name": NAME,
-                "namespace": NAMESPACE,
+                "name": name,
+                "namespace": namespace,
                 "labels": {
-                    "kubernetes.io/service-name": NAME,
+                    "kubernetes.io/service-name": name,
                     "endpointslice.kubernetes.io/managed-by": "clef-cluster",
                 },
             },
@@ -139,16 +144,16 @@ def objects(address: str, port: int, ca_bundle: str) -> list[dict[str, Any]]:
             {
                 "apiVersion": "apiregistration.k8s.io/v1",
                 "kind": "APIService",
-                "metadata": {"name": f"{version}.{GROUP}"},
+                "metadata": {"name": f"{version}.{group}"},
                 "spec": {
-                    "group": GROUP,
+                    "group": group,
                     "version": version,
-                    "service": {"name": NAME, "namespace": NAMESPACE, "port": SERVICE_PORT},
+                    "service": {"name": name, "namespace": namespace, "port": SERVICE_PORT},
                     "caBundle": ca_bundle,
                     "groupPriorityMinimum": 100,
                     "versionPriority": 200 - index * 100,
                 },
             }
-            for index, version in enumerate(API_VERSIONS)
+            for index, version in enumerate(versions)
         ),
     ]

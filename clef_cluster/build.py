@@ -105,6 +105,11 @@ def build(with_kserve: bool = True, log: bool = True) -> Path:
     return target
 
 
+def go_version() -> str:
+    """The Go toolchain's version (part of the cache key of a binary built outside the version set)."""
+    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def module_source(module: str, version: str) -> Path:
     """A Go module's source (downloaded into the module cache once)."""
     out = subprocess.run(

@@ -7,16 +7,18 @@ OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default 
 service-account credentials) -> kube-scheduler -> kwok (fake nodes) -> the fake GPU node pools -> optionally
 KServe's manager in Standard (RawDeployment) mode with its webhooks registered -> optionally the real node
 (clef_cluster.node: containerd, kubelet, kube-proxy in the namespace) -> optionally the metrics pipeline
-(clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving custom.metrics.k8s.io).
+(clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving custom.metrics.k8s.io)
+-> optionally KEDA (clef_cluster.keda: its CRDs and roles, its operator, its metrics server serving
+external.metrics.k8s.io).
 The API server's aggregation layer is configured (a front-proxy CA and its client, the requestheader flags) so
 that aggregated APIs such as the adapter's know who calls them. Every process and port, and the namespace's
 slot, are recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first, then removes
 what the node left (containers, mounts, cgroups) and the namespace. ``up`` in a folder whose earlier cluster
 crashed cleans that one up first.
 
-One module of ~580 lines on purpose: the start order of ``up`` and the stop order of ``down`` read from one
+One module of ~650 lines on purpose: the start order of ``up`` and the stop order of ``down`` read from one
 place, over one state record; what each component needs in detail lives in its own module (netns, pki, node,
-kserve, metrics, adapter).
+kserve, metrics, adapter, keda).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from clef_cluster import adapter, kserve, metrics, netns, nodes, pki
+from clef_cluster import adapter, keda, kserve, metrics, netns, nodes, pki
 from clef_cluster.build import KSERVE_MANAGER, build
 from clef_cluster.netns import SERVICE_CIDR, NodeNetwork
 from clef_cluster.node import NAME as NODE_NAME
@@ -181,14 +183,19 @@ def up(
     with_nodes: bool = True,
     with_node: bool = True,
     with_metrics: bool = False,
+    with_keda: bool = False,
 ) -> Cluster:
     """Build what is missing, start every component and wait until each one serves; see the module doc.
     ``with_nodes``: kwok's fake GPU pools; ``with_node``: the real node; ``with_metrics``: Prometheus and
-    prometheus-adapter."""
+    prometheus-adapter; ``with_keda``: KEDA's operator and metrics server (implies ``with_metrics``: the
+    predictors' triggers read the pipeline's Prometheus)."""
+    with_metrics = with_metrics or with_keda
     bins = build(with_kserve=with_kserve)
     if with_metrics:
         metrics.prometheus_binary()  # before anything starts: say what is missing
         adapter.build()
+    if with_keda:
+        keda.build()
     folder = folder.resolve()
     if (folder / "state.json").exists():
         if any(p.alive() for p in Cluster.load(folder).processes):
@@ -211,6 +218,8 @@ def up(
             _start_node(cluster)
         if with_metrics:
             _start_metrics(cluster)
+        if with_keda:
+            _start_keda(cluster)
     except BaseException:
         down(folder)
         raise
@@ -494,6 +503,65 @@ def _start_metrics(cluster: Cluster) -> None:
         lambda: all(_api_service_available(cluster, f"{v}.{adapter.GROUP}") for v in adapter.API_VERSIONS),
         "the custom metrics API (prometheus-adapter's APIServices) to be Available",
         cluster.process(adapter.NAME),
+    )
+
+
+def _start_keda(cluster: Cluster) -> None:
+    """KEDA's CRDs and roles, its operator (waits until it is ready), then its metrics server and its APIService;
+    waits until the API server serves external.metrics.k8s.io through it."""
+    folder = cluster.folder / "keda"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("keda-grpc", "keda-probe", "keda-operator-metrics", keda.METRICS_SERVER, "keda-metrics"):
+        cluster.ports[name] = free_port()
+    source = keda.module_source()
+    crds = keda.crds(source)
+    cluster.apply(crds)
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd", *[crd["metadata"]["name"] for crd in crds]
+    )
+    cluster.apply(keda.rbac(source))
+    authority = pki.Authority.load(cluster.folder / "pki")
+    kubeconfig = _kubeconfig(cluster, keda.USER, authority.client(keda.USER, keda.USER), authority.cert)
+    operator_certs, server_certs = keda.write_grpc_certs(folder, authority)
+    env = {**os.environ, **keda.env(kubeconfig)}
+    _launch(
+        cluster,
+        keda.OPERATOR,
+        keda.operator_args(
+            grpc_port=cluster.ports["keda-grpc"],
+            probe_port=cluster.ports["keda-probe"],
+            metrics_port=cluster.ports["keda-operator-metrics"],
+            grpc_certs=operator_certs,
+        ),
+        env,
+    )
+    wait_for(
+        lambda: _http_ok(f"http://127.0.0.1:{cluster.ports['keda-probe']}/readyz"),
+        "KEDA's operator",
+        cluster.process(keda.OPERATOR),
+    )
+    serving = authority.serving(keda.METRICS_SERVER, keda.service_names())
+    _launch(
+        cluster,
+        keda.METRICS_SERVER,
+        keda.metrics_server_args(
+            bind=cluster.network.host_ip,
+            port=cluster.ports[keda.METRICS_SERVER],
+            metrics_port=cluster.ports["keda-metrics"],
+            serving=(serving.cert, serving.key),
+            grpc_port=cluster.ports["keda-grpc"],
+            grpc_certs=server_certs,
+            kubeconfig=kubeconfig,
+            front_proxy_ca=cluster.folder / "pki" / "front-proxy" / "ca.crt",
+        ),
+        env,
+    )
+    bundle = base64.b64encode(authority.cert.read_bytes()).decode()
+    cluster.apply(keda.objects(cluster.network.host_ip, cluster.ports[keda.METRICS_SERVER], bundle))
+    wait_for(
+        lambda: all(_api_service_available(cluster, f"{v}.{keda.GROUP}") for v in keda.API_VERSIONS),
+        "the external metrics API (KEDA's metrics server's APIService) to be Available",
+        cluster.process(keda.METRICS_SERVER),
     )
 
 

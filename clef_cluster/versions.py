@@ -24,6 +24,11 @@ KWOK_VERSION = "v0.7.0"
 # asks for v1beta2 first). Prometheus itself is Debian's package (scripts/install_container_tools.sh).
 ADAPTER_MODULE = "sigs.k8s.io/prometheus-adapter"
 ADAPTER_VERSION = "v0.12.0"
+# KEDA (clef_cluster.keda): v2.21.0, the newest release whose go.mod asks for a Go this project's toolchain has
+# (v2.21.1 needs a newer Go); its operator and metrics API server build from the module, its CRDs and ClusterRole
+# are read from the same module source.
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+KEDA_VERSION = "v2.21.0"
 CACHE_ENV = "CLEF_CLUSTER_CACHE"
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from clef_cluster import adapter, nodes, oci, pki, pod_targets
+from clef_cluster import adapter, keda, nodes, oci, pki, pod_targets
 from clef_cluster.pod_targets import PATH, PORT, SCRAPE
 from clef_cluster.processes import start, stop
 from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
@@ -156,5 +157,57 @@ def test_the_adapters_rule_covers_every_predictor_gauge_while_ready_and_both_api
         services["v1beta2.custom.metrics.k8s.io"]["versionPriority"]
         > services["v1beta1.custom.metrics.k8s.io"]["versionPriority"]
     )
+    (endpoints,) = [o for o in objects if o["kind"] == "EndpointSlice"]
+    assert endpoints["endpoints"][0]["addresses"] == ["10.243.7.1"] and endpoints["ports"][0]["port"] == 4443
+
+
+def test_kedas_bindings_name_its_host_user_instead_of_its_service_account(tmp_path: Path) -> None:
+    """KEDA's binding subjects as its manifests write them (its ServiceAccount; the HorizontalPodAutoscaler
+    controller's): the first becomes the user KEDA's host processes authenticate as, the other stays."""
+    hpa = {"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler", "namespace": "kube-system"}
+    for index, name in enumerate(keda.RBAC_FILES):
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"binding-{index}"},
+            "subjects": [dict(keda.SERVICE_ACCOUNT), hpa],
+        }
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(yaml.safe_dump_all([binding, {"kind": "ClusterRole", "metadata": {"name": "r"}}]))
+    objects = keda.rbac(tmp_path)
+    assert objects[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": keda.NAMESPACE}}
+    bindings = [o for o in objects if "subjects" in o]
+    assert len(bindings) == len(keda.RBAC_FILES) and len(objects) == 1 + 2 * len(keda.RBAC_FILES)
+    user = {"kind": "User", "name": keda.USER, "apiGroup": "rbac.authorization.k8s.io"}
+    assert all(b["subjects"] == [user, hpa] for b in bindings)
+
+
+def test_kedas_grpc_link_is_mutual_tls_from_the_cluster_ca(tmp_path: Path) -> None:
+    """The operator's folder: a server certificate for 127.0.0.1; the metrics server's: a client certificate; both
+    signed by the cluster CA, which each folder's ca.crt is."""
+    authority = pki.Authority.create(tmp_path / "pki")
+    server, client = keda.write_grpc_certs(tmp_path / "keda", authority)
+    ca = x509.load_pem_x509_certificate(authority.cert.read_bytes())
+    for folder, usage in ((server, ExtendedKeyUsageOID.SERVER_AUTH), (client, ExtendedKeyUsageOID.CLIENT_AUTH)):
+        assert (folder / "ca.crt").read_bytes() == authority.cert.read_bytes()
+        cert = x509.load_pem_x509_certificate((folder / "tls.crt").read_bytes())
+        cert.verify_directly_issued_by(ca)
+        assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [usage]
+        assert (folder / "tls.key").stat().st_mode & 0o077 == 0
+    names = x509.load_pem_x509_certificate((server / "tls.crt").read_bytes()).extensions
+    addresses = names.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)
+    assert "127.0.0.1" in {str(a) for a in addresses}
+
+
+def test_kedas_listeners_and_registration() -> None:
+    """The operator listens on 127.0.0.1 only; the metrics server on the host's end of the node's link, registered
+    for external.metrics.k8s.io at that address."""
+    args = keda.operator_args(grpc_port=1, probe_port=2, metrics_port=3, grpc_certs=Path("/c"))
+    listeners = {a.split("=", 1)[1] for a in args if "-bind-address=" in a}
+    assert listeners == {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}
+    objects = keda.objects("10.243.7.1", 4443, "Q0E=")
+    (service,) = [o for o in objects if o["kind"] == "APIService"]
+    assert service["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    assert service["spec"]["service"] == {"name": keda.METRICS_SERVER, "namespace": keda.NAMESPACE, "port": 443}
     (endpoints,) = [o for o in objects if o["kind"] == "EndpointSlice"]
     assert endpoints["endpoints"][0]["addresses"] == ["10.243.7.1"] and endpoints["ports"][0]["port"] == 4443

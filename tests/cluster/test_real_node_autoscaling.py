@@ -3,9 +3,12 @@ predictor's own ``clef_queue_depth`` per pod (``autoscaling.podMetric``) through
 scraping the pods by their prometheus.io/* annotations, prometheus-adapter serving custom.metrics.k8s.io), on the
 real node with the CPU predictor image.
 
-Its own cluster (control plane, the real node advertising two GPUs, the metrics pipeline; no KServe, so the chart's
-operator picks the deployment backend) on a worker of its own (tests/worker_groups.py). The tests run in order
-on one ClefDecision. The figures (load start to the second replica Ready, load end to the
+The last test switches the same pool to ``autoscaling.keda``: KEDA's operator and metrics server (built from KEDA's
+module, clef_cluster.keda) scale it through the external metrics API on a Prometheus trigger.
+
+Its own cluster (control plane, the real node advertising two GPUs, the metrics pipeline, KEDA; no KServe, so the
+chart's operator picks the deployment backend) on a worker of its own (tests/worker_groups.py). The tests run in
+order on one ClefDecision. The figures (load start to the second replica Ready, load end to the
 scale-down) are printed; docs/autoscaling.md and the README quote them.
 """
 
@@ -49,9 +52,9 @@ SHORT_WINDOWS = {"scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSecond
 
 @pytest.fixture(scope="module")
 def scaling_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A control plane, the real node and the metrics pipeline (no KServe, no fake pools)."""
+    """A control plane, the real node, the metrics pipeline and KEDA (no KServe, no fake pools)."""
     with cluster_for(
-        tmp_path_factory, "autoscaling-cluster", with_kserve=False, with_nodes=False, with_node=True, with_metrics=True
+        tmp_path_factory, "autoscaling-cluster", with_kserve=False, with_nodes=False, with_node=True, with_keda=True
     ) as running:
         yield running
 
@@ -141,7 +144,8 @@ def diagnostics(kube: Kube) -> str:
         for args in (
             ("get", "clefdecision", DECISION, f"--namespace={NS}", "-o", "jsonpath={.status}"),
             ("get", "pods,hpa", f"--namespace={NS}", "-o", "wide"),
-            ("describe", "hpa", DEPLOYMENT, f"--namespace={NS}"),
+            ("describe", "hpa", f"--namespace={NS}"),
+            ("get", "scaledobjects", f"--namespace={NS}", "-o", "jsonpath={.items[*].status}"),
             ("get", "events", f"--namespace={NS}", "--sort-by=.lastTimestamp"),
         )
     ]
@@ -158,9 +162,9 @@ def ready_pods(kube: Kube) -> list[dict[str, Any]]:
     return [p for p in pods(kube) if is_ready(p) and not p["metadata"].get("deletionTimestamp")]
 
 
-def wanted(kube: Kube) -> int:
-    """The replicas the HorizontalPodAutoscaler wants now."""
-    hpa = kube.get("horizontalpodautoscaler", DEPLOYMENT, NS) or {}
+def wanted(kube: Kube, autoscaler: str = DEPLOYMENT) -> int:
+    """The replicas the HorizontalPodAutoscaler ``autoscaler`` wants now."""
+    hpa = kube.get("horizontalpodautoscaler", autoscaler, NS) or {}
     return int((hpa.get("status") or {}).get("desiredReplicas", 0))
 
 
@@ -246,17 +250,23 @@ def test_load_above_the_target_scales_to_two_and_back_to_one_without_errors(
     answer a 200 or (what the replicas cannot admit) a 429 with Retry-After, which the clients honour. Then one
     client (depth below the target) while the pool scales back to one replica: every
     answer a 200, no connection broken after a request was sent (the removed pod drains)."""
+    scale_up_and_down(scaling_cluster, kube, tmp_path, DEPLOYMENT)
+
+
+def scale_up_and_down(cluster: Cluster, kube: Kube, folder: Path, autoscaler: str) -> None:
+    """The scale test's body (see its doc) on the HorizontalPodAutoscaler ``autoscaler``; prints the times."""
     (first,) = ready_pods(kube)
-    heavy = Load(scaling_cluster, tmp_path, clients=6, backoff=True)
-    wanted_two = wait_until(lambda: wanted(kube) >= 2, "the autoscaler to want 2 replicas", kube)
+    heavy = Load(cluster, folder, clients=6, backoff=True)
+    wanted_two = wait_until(lambda: wanted(kube, autoscaler) >= 2, "the autoscaler to want 2 replicas", kube)
     two_ready = wait_until(lambda: len(ready_pods(kube)) == 2, "two Ready replicas", kube, timeout=START_S)
     (second,) = [p for p in ready_pods(kube) if p["metadata"]["name"] != first["metadata"]["name"]]
     time.sleep(30)  # both serve
     outcomes = heavy.stop()
     load_ended = time.monotonic()
     print(
-        f"\nscale-up: the autoscaler wanted 2 replicas {wanted_two - heavy.started:.1f} s after the load began, "
-        f"the second replica was Ready {two_ready - heavy.started:.1f} s after; heavy load: {summary(outcomes)}"
+        f"\nscale-up ({autoscaler}): the autoscaler wanted 2 replicas {wanted_two - heavy.started:.1f} s after the "
+        f"load began, the second replica was Ready {two_ready - heavy.started:.1f} s after; heavy load: "
+        f"{summary(outcomes)}"
     )
     # Above the replicas' capacity the predictor sheds what it cannot admit with 429 + Retry-After (its admission,
     # docs/predictor.md): a client's cue to come back, not an error; nothing else but answers. How much is shed
@@ -275,15 +285,15 @@ def test_load_above_the_target_scales_to_two_and_back_to_one_without_errors(
     ready_since = parse_time(condition(kube.get("pod", second["metadata"]["name"], NS), "Ready")["lastTransitionTime"])
     assert parse_time(served[0]) >= ready_since.replace(microsecond=0), (served[0], ready_since)
 
-    light = Load(scaling_cluster, tmp_path, clients=1)
-    wanted_one = wait_until(lambda: wanted(kube) == 1, "the autoscaler to want 1 replica", kube)
+    light = Load(cluster, folder, clients=1)
+    wanted_one = wait_until(lambda: wanted(kube, autoscaler) == 1, "the autoscaler to want 1 replica", kube)
     one_left = wait_until(lambda: len(pods(kube)) == 1, "one predictor pod left", kube, timeout=START_S)
     time.sleep(10)
     calm = light.stop()
     print(
-        f"scale-down: the autoscaler wanted 1 replica {wanted_one - load_ended:.1f} s after the load ended "
-        f"(window {SHORT_WINDOWS['scaleDownStabilizationSeconds']} s), one pod left {one_left - load_ended:.1f} s "
-        f"after; light load during the scale-down: {summary(calm)}"
+        f"scale-down ({autoscaler}): the autoscaler wanted 1 replica {wanted_one - load_ended:.1f} s after the load "
+        f"ended (window {SHORT_WINDOWS['scaleDownStabilizationSeconds']} s), one pod left "
+        f"{one_left - load_ended:.1f} s after; light load during the scale-down: {summary(calm)}"
     )
     assert calm and all(o.get("status") == 200 for o in calm), summary(calm)
 
@@ -335,3 +345,45 @@ def test_every_dashboard_query_runs_on_the_pipelines_prometheus(scaling_cluster:
         if gauge and not serving & {series["metric"].get("pod") for series in answer["data"]["result"]}:
             empty.append((title, query, answer["data"]["result"]))
     assert empty == []
+
+
+def test_a_keda_trigger_scales_the_pool_to_two_and_back_to_one(
+    scaling_cluster: Cluster, kube: Kube, decision: Any, tmp_path: Path
+) -> None:
+    """The same pool switched to ``autoscaling.keda`` (a Prometheus trigger on the sum of clef_queue_depth over the
+    pool's pods, 2 per replica, on the pipeline's Prometheus) with the short windows: the operator replaces its
+    HorizontalPodAutoscaler with a ScaledObject, KEDA's operator makes ``keda-hpa-<pool>`` from it, the external
+    metrics API serves the trigger's value through KEDA's metrics server, and the scale test's loads move the pool
+    1 -> 2 -> 1 with the same answers."""
+    keda = {"metric": "clef_queue_depth", "target": str(TARGET), "serverAddress": scaling_cluster.prometheus_url}
+    patch = {"spec": {"autoscaling": {"podMetric": None, "keda": keda, **SHORT_WINDOWS}}}
+    kube.run("patch", "clefdecision", DECISION, f"--namespace={NS}", "--type=merge", f"--patch={json.dumps(patch)}")
+    autoscaler = f"keda-hpa-{DEPLOYMENT}"
+
+    def keda_in_charge() -> bool:
+        scaled = kube.get("scaledobject", DEPLOYMENT, NS)
+        return (
+            is_ready(scaled)
+            and kube.get("horizontalpodautoscaler", DEPLOYMENT, NS) is None
+            and kube.get("horizontalpodautoscaler", autoscaler, NS) is not None
+        )
+
+    wait_until(keda_in_charge, "KEDA's autoscaler in place of the operator's", kube, timeout=120)
+    hpa = kube.get("horizontalpodautoscaler", autoscaler, NS)
+    assert (
+        hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+        == (SHORT_WINDOWS["scaleDownStabilizationSeconds"])
+    )
+    (external,) = [m["external"] for m in hpa["spec"]["metrics"]]
+    selector = ",".join(f"{k}={v}" for k, v in external["metric"]["selector"]["matchLabels"].items())
+    metric = external["metric"]["name"]
+    path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/{metric}?labelSelector={selector}"
+    # No load: the trigger's value (the sum of the pool's queue depths) is 0 once a single replica is left (the
+    # no-flap test may have left two, which the short windows now take back to one).
+    wait_until(lambda: len(pods(kube)) == 1 and len(ready_pods(kube)) == 1, "one Ready predictor pod", kube)
+    eventually(  # the previous test's load may have ended a scrape ago
+        lambda: [item["value"] for item in json.loads(kube.run("get", "--raw", path).stdout)["items"]] == ["0"],
+        "the external metric (the trigger's value) at 0 without load",
+        timeout=60,
+    )
+    scale_up_and_down(scaling_cluster, kube, tmp_path, autoscaler)
