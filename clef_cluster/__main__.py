@@ -40,6 +40,9 @@ def default_folder() -> Path:
     return Path(os.environ.get(DIR_ENV, cache_root() / "run"))
 
 
+TAKES_ARGUMENTS = frozenset({"claims", "import", "exec"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clef_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         "command", choices=["build", "images", "up", "down", "env", "status", "claims", "import", "exec"]
     )
     parser.add_argument(
-        "arguments", nargs=argparse.REMAINDER, help="claims: the namespace (ml-serving); import: archives; exec: -- CMD"
+        "arguments", nargs="*", help="claims: the namespace (ml-serving); import: archives; exec: -- CMD"
     )
     parser.add_argument("--dir", type=Path, default=None, help=f"cluster folder (default ${DIR_ENV} or <cache>/run)")
     parser.add_argument("--no-kserve", action="store_true", help="no KServe controller (and no KServe build)")
@@ -63,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         help="KEDA's operator and metrics server (external.metrics.k8s.io); implies --metrics",
     )
     args = parser.parse_args(argv)
-    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
+    arguments = args.arguments
+    if arguments and args.command not in TAKES_ARGUMENTS:
+        parser.error(f"{args.command} takes no arguments (options go before or after it): {' '.join(arguments)}")
     folder = (args.dir or default_folder()).resolve()
     try:
         if args.command == "build":

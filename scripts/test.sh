@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/lint.sh
 bash scripts/install_container_tools.sh  # the images' and the real node's Debian packages (apt-get as root when missing)
-.venv/bin/python -m clef_cluster build  # a no-op when this version set is already built
+.venv/bin/python -m clef_cluster build --keda  # with prometheus-adapter and KEDA (the autoscaling tests'), before
+# the tests and their per-test timeout: KEDA's first build takes about 1,000 s of CPU; a no-op once built
 # Keep the bytecode of the repository's own modules and of pytest's rewritten test modules in their (git-ignored)
 # __pycache__/ folders: with PYTHONDONTWRITEBYTECODE set, as some machines set it, every worker and every server the
 # tests start would compile them again.

@@ -13,10 +13,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from clef_cluster import __main__ as cli
 from clef_cluster import adapter, keda, nodes, oci, pki, pod_targets
 from clef_cluster.pod_targets import PATH, PORT, SCRAPE
 from clef_cluster.processes import start, stop
@@ -211,3 +213,24 @@ def test_kedas_listeners_and_registration() -> None:
     assert service["spec"]["service"] == {"name": keda.METRICS_SERVER, "namespace": keda.NAMESPACE, "port": 443}
     (endpoints,) = [o for o in objects if o["kind"] == "EndpointSlice"]
     assert endpoints["endpoints"][0]["addresses"] == ["10.243.7.1"] and endpoints["ports"][0]["port"] == 4443
+
+
+def test_options_after_the_command_are_read_and_stray_arguments_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``up --keda`` as the docs write it (the option after the command) starts KEDA; ``build --keda`` builds it;
+    an argument a command does not take is an error, not silently dropped."""
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(cli.building, "build", lambda **kw: calls.append(("cluster", kw)) or Path("bin"))
+    monkeypatch.setattr(cli.adapter, "build", lambda: calls.append(("adapter", None)) or Path("adapter"))
+    monkeypatch.setattr(cli.keda, "build", lambda: calls.append(("keda", None)) or {})
+    monkeypatch.setattr(cli, "up", lambda folder, **kw: calls.append(("up", kw)) or pytest.fail("stop here"))
+    assert cli.main(["build", "--keda"]) == 0
+    assert [name for name, _ in calls] == ["cluster", "adapter", "keda"]
+    with pytest.raises(pytest.fail.Exception):
+        cli.main(["up", "--keda", "--dir", "/nonexistent"])
+    assert calls[-1] == ("up", {"with_kserve": True, "with_nodes": True, "with_node": True, "with_metrics": False,
+                                "with_keda": True})  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["up", "keda"])
+    assert refused.value.code == 2 and "up takes no arguments" in capsys.readouterr().err
