@@ -80,27 +80,39 @@ def args(
     cert_dir: Path,
 ) -> list[str]:
     """The adapter's command line."""
-    cert, key = serving
     return [
         str(binary()),
-        f"--bind-address={bind}",
-        f"--secure-port={port}",
-        f"--tls-cert-file={cert}",
-        f"--tls-private-key-file={key}",
+        *aggregated_server_args(bind, port, serving, kubeconfig, front_proxy_ca),
         f"--cert-dir={cert_dir}",
-        f"--lister-kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        f"--requestheader-client-ca-file={front_proxy_ca}",
         f"--prometheus-url={prometheus_url}",
         f"--config={config_file}",
         f"--metrics-relist-interval={RELIST_INTERVAL}",
     ]
 
 
-def service_names() -> tuple[str, ...]:
-    """The names the API server checks the adapter's serving certificate against."""
-    return (f"{NAME}.{NAMESPACE}.svc", f"{NAME}.{NAMESPACE}.svc.cluster.local")
+def aggregated_server_args(
+    bind: str, port: int, serving: tuple[Path, Path], kubeconfig: Path, front_proxy_ca: Path
+) -> list[str]:
+    """The flags an aggregated API server on the host takes (Kubernetes' apiserver library, as the adapter and KEDA's
+    metrics server use it): it serves on ``bind:port`` with ``serving`` (certificate, key), reads the cluster and
+    checks callers through ``kubeconfig``, and trusts the front-proxy CA for the caller's identity."""
+    cert, key = serving
+    return [
+        f"--bind-address={bind}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={cert}",
+        f"--tls-private-key-file={key}",
+        f"--lister-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--requestheader-client-ca-file={front_proxy_ca}",
+    ]
+
+
+def service_names(name: str = NAME, namespace: str = NAMESPACE) -> tuple[str, ...]:
+    """The names the API server checks the serving certificate of the Service ``name`` (the adapter's by default)
+    against."""
+    return (f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local")
 
 
 def objects(address: str, port: int, ca_bundle: str) -> list[dict[str, Any]]:

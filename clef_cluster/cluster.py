@@ -497,13 +497,10 @@ def _start_metrics(cluster: Cluster) -> None:
             cert_dir=folder / "adapter-certs",
         ),
     )
-    bundle = base64.b64encode(authority.cert.read_bytes()).decode()
-    cluster.apply(adapter.objects(cluster.network.host_ip, cluster.ports[adapter.NAME], bundle))
-    wait_for(
-        lambda: all(_api_service_available(cluster, f"{v}.{adapter.GROUP}") for v in adapter.API_VERSIONS),
-        "the custom metrics API (prometheus-adapter's APIServices) to be Available",
-        cluster.process(adapter.NAME),
-    )
+    _register_aggregated_api(
+        cluster, authority, adapter.objects, adapter.NAME, adapter.GROUP, adapter.API_VERSIONS,
+        "the custom metrics API (prometheus-adapter's APIServices)",
+    )  # fmt: skip
 
 
 def _start_keda(cluster: Cluster) -> None:
@@ -556,12 +553,30 @@ def _start_keda(cluster: Cluster) -> None:
         ),
         env,
     )
+    _register_aggregated_api(
+        cluster, authority, keda.objects, keda.METRICS_SERVER, keda.GROUP, keda.API_VERSIONS,
+        "the external metrics API (KEDA's metrics server's APIService)",
+    )  # fmt: skip
+
+
+def _register_aggregated_api(
+    cluster: Cluster,
+    authority: pki.Authority,
+    objects: Callable[[str, int, str], list[dict[str, Any]]],
+    process: str,
+    group: str,
+    versions: tuple[str, ...],
+    what: str,
+) -> None:
+    """Apply ``objects`` (the registration of the aggregated API server ``process``, listening on the host's end of
+    the node's link at its port) with the cluster CA as the bundle; wait until every version of ``group`` is
+    Available."""
     bundle = base64.b64encode(authority.cert.read_bytes()).decode()
-    cluster.apply(keda.objects(cluster.network.host_ip, cluster.ports[keda.METRICS_SERVER], bundle))
+    cluster.apply(objects(cluster.network.host_ip, cluster.ports[process], bundle))
     wait_for(
-        lambda: all(_api_service_available(cluster, f"{v}.{keda.GROUP}") for v in keda.API_VERSIONS),
-        "the external metrics API (KEDA's metrics server's APIService) to be Available",
-        cluster.process(keda.METRICS_SERVER),
+        lambda: all(_api_service_available(cluster, f"{version}.{group}") for version in versions),
+        f"{what} to be Available",
+        cluster.process(process),
     )
 
 

@@ -160,26 +160,18 @@ def metrics_server_args(
     Service's name), reads its gRPC client certificate from ``grpc_certs`` (its ``--cert-dir``) and trusts the
     front-proxy CA for the caller's identity, as prometheus-adapter does. Its own /metrics listens on
     ``metrics_port`` of every address (KEDA takes a port only)."""
-    cert, key = serving
     return [
         str(binaries()[METRICS_SERVER]),
-        f"--bind-address={bind}",
-        f"--secure-port={port}",
-        f"--tls-cert-file={cert}",
-        f"--tls-private-key-file={key}",
+        *adapter.aggregated_server_args(bind, port, serving, kubeconfig, front_proxy_ca),
         f"--cert-dir={grpc_certs}",
         f"--metrics-service-address=127.0.0.1:{grpc_port}",
         f"--port={metrics_port}",
-        f"--lister-kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        f"--requestheader-client-ca-file={front_proxy_ca}",
     ]
 
 
 def service_names() -> tuple[str, ...]:
     """The names the API server checks the metrics server's serving certificate against."""
-    return (f"{METRICS_SERVER}.{NAMESPACE}.svc", f"{METRICS_SERVER}.{NAMESPACE}.svc.cluster.local")
+    return adapter.service_names(METRICS_SERVER, NAMESPACE)
 
 
 def objects(address: str, port: int, ca_bundle: str) -> list[dict[str, Any]]:

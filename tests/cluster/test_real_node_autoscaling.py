@@ -27,15 +27,15 @@ from typing import Any
 
 import pytest
 
-from clef_cluster import images, node
+from clef_cluster import node
 from clef_cluster.cluster import Cluster
 from clef_cluster.storage import MODELS_CLAIM, make_volume_folders, namespace_with_claims
 from clef_contract.container import CONTAINER_NAME
 from clef_operator.constants import PREDICTOR_LABEL
 from predictor.demo import demo_release
 from tests.cluster.helpers import condition, is_ready
-from tests.cluster.kube import CHART, RELEASE, REPO, SYSTEM_NS, Kube, cluster_for
-from tests.cluster.test_real_node_e2e import REQUEST, image_values, parse_time, summary
+from tests.cluster.kube import REPO, Kube, cluster_for
+from tests.cluster.test_real_node_e2e import REQUEST, install_chart_with_our_images, parse_time, summary
 from tests.polling import eventually
 
 NS = "autoscale"
@@ -77,17 +77,8 @@ def two_gpus(kube: Kube) -> None:
 
 @pytest.fixture(scope="module")
 def chart(scaling_cluster: Cluster, kube: Kube, two_gpus: None) -> None:
-    """Both images imported into the node's containerd, then ``helm install --wait`` with them (the operator as a
-    pod on the real node)."""
-    built = {name: images.build(name) for name in images.IMAGES}
-    for image in built.values():
-        assert scaling_cluster.node.import_image(image.archive) == [image.reference]
-    operator, predictor = built["clef-operator"].reference, built["clef-predictor-cpu"].reference
-    kube.helm(
-        "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=5m",
-        *image_values("operator.image", operator), *image_values("predictor.image", predictor),
-        f"--set-string=operator.nodeSelector.kubernetes\\.io/hostname={node.NAME}",
-    )  # fmt: skip
+    """The chart installed with our images, the operator as a pod on the real node."""
+    install_chart_with_our_images(scaling_cluster, kube)
 
 
 def decision_body(autoscaling: dict[str, Any]) -> dict[str, Any]:

@@ -55,25 +55,24 @@ def kube(e2e_cluster: Cluster) -> Kube:
     return Kube(e2e_cluster)
 
 
-@pytest.fixture(scope="module")
-def built() -> dict[str, images.BuiltImage]:
-    """The operator and CPU predictor images (built once per input hash)."""
-    return images.build_all()
-
-
-@pytest.fixture(scope="module")
-def chart(e2e_cluster: Cluster, kube: Kube, built: dict[str, images.BuiltImage]) -> dict[str, Any]:
-    """Both images imported into the node's containerd, then ``helm install --wait`` with the operator image and
-    the predictor image (pull policy IfNotPresent: their tags are not ``latest``), the operator pod on the real
-    node; the operator's pod once Ready."""
+def install_chart_with_our_images(cluster: Cluster, kube: Kube) -> None:
+    """Both images (built once per input hash) imported into the node's containerd, then ``helm install --wait``
+    with them (pull policy IfNotPresent: their tags are not ``latest``), the operator pod on the real node."""
+    built = images.build_all()
     for image in built.values():
-        assert e2e_cluster.node.import_image(image.archive) == [image.reference]
+        assert cluster.node.import_image(image.archive) == [image.reference]
     operator, predictor = built["clef-operator"].reference, built["clef-predictor-cpu"].reference
     kube.helm(
         "install", RELEASE, str(CHART), f"--namespace={SYSTEM_NS}", "--create-namespace", "--wait", "--timeout=5m",
         *image_values("operator.image", operator), *image_values("predictor.image", predictor),
         f"--set-string=operator.nodeSelector.kubernetes\\.io/hostname={node.NAME}",
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chart(e2e_cluster: Cluster, kube: Kube) -> dict[str, Any]:
+    """The chart installed with our images (:func:`install_chart_with_our_images`); the operator's pod once Ready."""
+    install_chart_with_our_images(e2e_cluster, kube)
     (pod,) = kube.get("pods", namespace=SYSTEM_NS, selector="app.kubernetes.io/component=operator")
     return pod
 
