@@ -53,6 +53,7 @@ ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = "OwnerReferencesPermissionEnforcement"  # on top of the default set
 START_TIMEOUT = 120.0
 KUBECTL_TIMEOUT_S = 120  # one kubectl call, its own waits (--timeout) included
+ESTABLISHED_TIMEOUT_S = 120.0  # a CRD's Established condition
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the API server's identity when it calls an aggregated API
 
 
@@ -147,15 +148,21 @@ class Cluster:
         return hosts
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this cluster as its admin."""
-        return subprocess.run(
+        """Run kubectl against this cluster as its admin; with ``check``, a failure raises ClusterError with what
+        kubectl printed."""
+        result = subprocess.run(
             [kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}", *args],
             input=stdin,
             capture_output=True,
             text=True,
-            check=check,
+            check=False,
             timeout=KUBECTL_TIMEOUT_S,
         )
+        if check and result.returncode:
+            raise ClusterError(
+                f"kubectl {' '.join(args)} exited with {result.returncode}: {result.stderr.strip() or result.stdout}"
+            )
+        return result
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         """Server-side apply of ``objects`` as the admin."""
@@ -391,17 +398,34 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
     wait_for(lambda: cluster.process("kube-scheduler").alive(), "kube-scheduler", cluster.process("kube-scheduler"))
 
 
+def wait_established(cluster: Cluster, crds: list[dict[str, Any]]) -> None:
+    """Wait until the API server serves each of ``crds`` (condition Established); a timeout names those that are not
+    and their conditions. Polled here: ``kubectl wait --for=condition=Established`` fails at once, instead of
+    waiting, when it reads a CRD so new that it has no conditions yet."""
+    names = [crd["metadata"]["name"] for crd in crds]
+    pending: dict[str, list[dict[str, Any]]] = {}
+
+    def established() -> bool:
+        listed = json.loads(cluster.kubectl("get", "crd", "-o", "json").stdout)["items"]
+        found = {item["metadata"]["name"]: item for item in listed}
+        pending.clear()
+        for name in names:
+            conditions = found.get(name, {}).get("status", {}).get("conditions") or []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                pending[name] = conditions
+        return not pending
+
+    try:
+        wait_for(established, "the CRDs to be Established", cluster.process("kube-apiserver"), ESTABLISHED_TIMEOUT_S)
+    except ClusterError as error:
+        raise ClusterError(f"{error}; not Established: {json.dumps(pending)}") from error
+
+
 def _start_kserve(cluster: Cluster, bins: Path) -> None:
     for name in ("kserve-webhook", "kserve-metrics", "kserve-probe"):
         cluster.ports[name] = free_port()
     cluster.apply(kserve.crds())
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        *[crd["metadata"]["name"] for crd in kserve.crds()],
-    )
+    wait_established(cluster, kserve.crds())
     cluster.apply(kserve.namespace_objects())
     authority = pki.Authority.load(cluster.folder / "pki")
     certs = kserve.write_webhook_certs(cluster.folder / "kserve-tmp", authority)
@@ -513,9 +537,7 @@ def _start_keda(cluster: Cluster) -> None:
     source = keda.module_source()
     crds = keda.crds(source)
     cluster.apply(crds)
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd", *[crd["metadata"]["name"] for crd in crds]
-    )
+    wait_established(cluster, crds)
     cluster.apply(keda.rbac(source))
     authority = pki.Authority.load(cluster.folder / "pki")
     kubeconfig = _kubeconfig(cluster, keda.USER, authority.client(keda.USER, keda.USER), authority.cert)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from clef_cluster.cluster import wait_established
 from tests.cluster.helpers import (
     DECISION_LABEL,
     FP8_POOLS,
@@ -34,6 +35,7 @@ from tests.cluster.kube import (
     install_chart,
     operator_for,
 )
+from tests.deploy.chart import load_yaml_objects
 from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
@@ -74,7 +76,7 @@ SCALED_OBJECTS = "scaledobjects.keda.sh"
 def install_keda_crd(kube: Kube) -> None:
     """KEDA's ScaledObject CRD installed (again: no change) and established. KEDA's controller is not run."""
     kube.run("apply", "--server-side", "-f", str(KEDA_CRD))
-    kube.run("wait", "--for=condition=Established", f"crd/{SCALED_OBJECTS}", "--timeout=60s")
+    wait_established(kube.cluster, load_yaml_objects(KEDA_CRD))
 
 
 def owned(kube: Kube, kind: str) -> dict[str, dict[str, Any]]:
