@@ -5,7 +5,8 @@
 Every ``--interval`` seconds the sampler reads the main thread's frames and counts each stack; every
 ``--flush`` seconds (and at exit) it rewrites ``--out`` with one line per stack, most frequent first: the count, then
 the frames from the outermost, ``file:function:line``, joined by ``;`` (the collapsed form flame-graph tools read).
-The file is rewritten while the module runs, so a process that is killed still leaves its last counts.
+The file is rewritten while the module runs, so a process that is killed still leaves its last counts. Only the
+process started here is sampled: a child it forks has no sampler thread and writes nothing.
 
 A sample needs the GIL: while the main thread runs native code that holds it, no sample is taken, so a long gap in
 the counts against a wall-clock time in the module's log is itself a finding (native code holding the GIL).
@@ -48,8 +49,12 @@ class Sampler:
         if main is None:
             raise RuntimeError("the main thread has not started")
         self.main = main
+        self.pid = os.getpid()
 
     def write(self) -> None:
+        """Rewrite ``out``; nothing in a forked child (the module's own processes: their counts are not kept)."""
+        if os.getpid() != self.pid:
+            return
         with self.lock:
             lines = [f"{count} {stack}\n" for stack, count in self.counts.most_common()]
         partial = self.out.with_name(self.out.name + ".partial")

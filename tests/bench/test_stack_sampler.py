@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 BUSY_MODULE = """
-import sys, time
+import os, sys, time
 
 def spin(seconds):
     end = time.monotonic() + seconds
@@ -20,6 +20,9 @@ def spin(seconds):
 
 if __name__ == "__main__":
     print("argv", sys.argv[1:])
+    if os.fork() == 0:  # a child that outlives the module and exits through atexit must not rewrite the counts
+        time.sleep(float(sys.argv[1]) + 0.5)
+        sys.exit(0)
     spin(float(sys.argv[1]))
 """
 
