@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from clef_plugin.compat.cuda_probes import cuda_left_uninitialised
 
 with cuda_left_uninitialised():
+    from transformers import Qwen3VLProcessor
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser, _create_qwen2vl_field_factory
     from vllm.model_executor.models.qwen3_5 import Qwen3_5ProcessingInfo
     from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder, Qwen3VLMultiModalProcessor
     from vllm.multimodal import MULTIMODAL_REGISTRY
     from vllm.multimodal.parse import DictEmbeddingItems
+    from vllm.transformers_utils.processor import get_processor_kwargs_keys, get_processor_kwargs_type
 
 
 PROCESSED_IMAGE_FIELDS = frozenset({"pixel_values", "image_grid_thw"})
@@ -75,14 +78,49 @@ def processed_videos_supported() -> bool:
     return "timestamps" in _create_qwen2vl_field_factory(2)({})
 
 
+@functools.lru_cache(maxsize=4)
+def release_processor(release_dir: str, tokenizer: Any) -> Qwen3VLProcessor:
+    """Qwen3-VL's processor of ``release_dir`` made around ``tokenizer`` (one already loaded), once per process.
+
+    Its image and video processors are the ones the predictor prepares media with
+    (``clef_head.media.release_image_processor`` and ``release_video_processor``). Made from its parts, so the
+    release's ``tokenizer.json`` (248,077 tokens, seconds per load) is not read again: ``from_pretrained`` of
+    transformers 5's processors loads the release's tokenizer even when one is given.
+    """
+    from clef_head.media import release_image_processor, release_video_processor
+
+    return Qwen3VLProcessor(
+        image_processor=release_image_processor(release_dir),
+        tokenizer=tokenizer,
+        video_processor=release_video_processor(release_dir),
+        chat_template=tokenizer.chat_template,
+    )
+
+
 class ProcessedImageInfo(Qwen3_5ProcessingInfo):
-    """Qwen3.5's processing info whose data parser reads dict image and video items as processed pixels."""
+    """Qwen3.5's processing info whose data parser reads dict image and video items as processed pixels, and whose
+    Hugging Face processor is made around the tokenizer vLLM already loaded."""
 
     def get_data_parser(self) -> Qwen2VLMultiModalDataParser:
         """Qwen3.5's own parser (its settings kept), of its class made by :func:`processed_image_parser`."""
         parser = super().get_data_parser()
         parser.__class__ = processed_image_parser(type(parser))
         return parser
+
+    def get_hf_processor(self, **kwargs: object) -> Qwen3VLProcessor:
+        """:func:`release_processor` around vLLM's tokenizer, unless options for the processor itself are set (the
+        engine's ``mm_processor_kwargs`` or a request's, other than those its calls take, as vLLM sorts them): then
+        vLLM's own loading, which applies them.
+
+        vLLM's own loading costs three more reads of the release's tokenizer in each process that builds a
+        multimodal processor (the serving process, at start and at its first image, and the engine core): a
+        processor loaded without options (to learn which options are per call), then one given the tokenizer,
+        whose ``from_pretrained`` reads the tokenizer again, and again for each other set of options.
+        """
+        processor = release_processor(str(self.ctx.model_config.model), self.get_tokenizer())
+        per_call = get_processor_kwargs_keys(get_processor_kwargs_type(processor))
+        options = set(self.ctx.get_merged_mm_kwargs(kwargs)) - per_call - {"use_fast", "tokenizer"}
+        return super().get_hf_processor(**kwargs) if options else processor
 
 
 def register_processed_images(model_class: type) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,3 +53,40 @@ def test_engine_settings_take_processed_pixels_as_they_are() -> None:
     assert settings["enable_mm_embeds"] is True and set(settings) <= fields
     assert settings.get("mm_device_do_normalize", False) is False
     assert ("mm_device_do_normalize" in settings) == ("mm_device_do_normalize" in fields)
+
+
+def test_hf_processor_is_made_around_vllms_tokenizer(toy_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pins vLLM's multimodal processing context: the Qwen3-VL processor it asks for at start, in profiling and at
+    each image (with a video's per-call options too) is one processor made around the tokenizer vLLM loaded, and
+    the release's tokenizer is read once (vLLM's own loading read it again for each); a processor option that is
+    not a per-call one still goes through vLLM's own loading, which applies it."""
+    from transformers import Qwen3VLProcessor
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    import clef_plugin
+    from clef_plugin.compat.processed_images import release_processor
+
+    reads: list[str] = []
+    load = PreTrainedTokenizerBase.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: Any, **kwargs: Any) -> Any:
+        reads.append(cls.__name__)
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "from_pretrained", classmethod(counted))
+    release_processor.cache_clear()
+    settings = clef_plugin.engine_kwargs(toy_release, max_model_len=512, enforce_eager=True, vision=True)
+    info = MULTIMODAL_REGISTRY.create_processor(EngineArgs(**settings).create_model_config()).info
+
+    processor = info.get_hf_processor()
+    assert isinstance(processor, Qwen3VLProcessor) and processor.tokenizer is info.get_tokenizer()
+    assert info.get_hf_processor(use_fast=True, fps=2.0, do_sample_frames=False) is processor
+    assert info.get_image_processor().merge_size == 2 and info.get_video_processor() is processor.video_processor
+    assert len(reads) == 1, reads
+
+    template = "{{ messages }}"
+    own = info.get_hf_processor(chat_template=template)
+    assert own is not processor and isinstance(own, Qwen3VLProcessor) and own.chat_template == template
+    assert len(reads) > 1
