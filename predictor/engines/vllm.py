@@ -36,9 +36,17 @@ class VllmEngine(Engine):
 
         self._plugin = clef_plugin
         self._max_length = int(engine_args.max_model_len)
-        self._tokenizer = AutoTokenizer.from_pretrained(str(engine_args.model))
-        self._image_pad_id, self._video_pad_id = (self._token_id(token) for token in (IMAGE_PAD, VIDEO_PAD))
+        # With --vision vLLM loads the release's tokenizer itself (its multimodal processing needs it): that one is
+        # shared instead of reading the release's tokenizer.json again (seconds per read). Text engines skip vLLM's
+        # (``skip_tokenizer_init``) and load theirs before the engine is built.
+        own = AutoTokenizer.from_pretrained(str(engine_args.model)) if engine_args.skip_tokenizer_init else None
         self.llm = AsyncLLM.from_engine_args(engine_args)
+        try:
+            self._tokenizer = own if own is not None else self.llm.tokenizer
+            self._image_pad_id, self._video_pad_id = (self._token_id(token) for token in (IMAGE_PAD, VIDEO_PAD))
+        except BaseException:
+            self.llm.shutdown()
+            raise
         self._pending = 0
         self._in_flight = metrics.IN_FLIGHT.labels(engine="vllm")
 

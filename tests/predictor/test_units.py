@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import gzip
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,54 @@ def test_videos_follow_the_engine_auto_ends_on(monkeypatch: pytest.MonkeyPatch) 
     assert not engine_reads_videos("auto") and not engine_reads_videos("vllm")
     monkeypatch.setattr(predictor.engines, "vllm_can_serve", lambda requested: requested == "vllm")
     assert engine_reads_videos("auto") and engine_reads_videos("transformers")
+
+
+@pytest.mark.vllm
+def test_the_vllm_engine_reads_the_tokenizer_once(toy_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--vision`` the engine shares the tokenizer vLLM loaded; a text engine (vLLM loads none) loads its own
+    before the engine is built; a tokenizer without the media tokens shuts the built engine down. vLLM's AsyncLLM is
+    replaced by a stand-in here: the servers' tests run the real one."""
+    from transformers import AutoTokenizer
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from predictor.engines.vllm import VllmEngine
+
+    events: list[str] = []
+
+    class Built:
+        def __init__(self, tokenizer: Any) -> None:
+            self.tokenizer = tokenizer
+
+        def shutdown(self) -> None:
+            events.append("shutdown")
+
+    vllms = AutoTokenizer.from_pretrained(toy_release)
+    built = Built(vllms)
+
+    def from_engine_args(cls: type, engine_args: AsyncEngineArgs) -> Built:
+        events.append("built")
+        return built
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", classmethod(from_engine_args))
+    load = AutoTokenizer.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: Any, **kwargs: Any) -> Any:
+        events.append("read")
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counted))
+    assert VllmEngine(AsyncEngineArgs(model=str(toy_release), max_model_len=512)).tokenizer is vllms
+    assert events == ["built"]
+    built.tokenizer = None
+    text = VllmEngine(AsyncEngineArgs(model=str(toy_release), max_model_len=512, skip_tokenizer_init=True))
+    assert events == ["built", "read", "built"] and text.tokenizer.convert_tokens_to_ids(
+        "<|image_pad|>"
+    ) == vllms.convert_tokens_to_ids("<|image_pad|>")
+    built.tokenizer = type("NoMedia", (), {"convert_tokens_to_ids": staticmethod(lambda token: None)})()
+    with pytest.raises(ValueError, match=re.escape("no single <|image_pad|> token")):
+        VllmEngine(AsyncEngineArgs(model=str(toy_release), max_model_len=512))
+    assert events[-2:] == ["built", "shutdown"]
 
 
 def test_an_engine_configuration_built_without_the_command_line_is_the_same() -> None:

@@ -55,18 +55,21 @@ def test_engine_settings_take_processed_pixels_as_they_are() -> None:
     assert ("mm_device_do_normalize" in settings) == ("mm_device_do_normalize" in fields)
 
 
-def test_hf_processor_is_made_around_vllms_tokenizer(toy_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_processor_is_made_around_vllms_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pins vLLM's multimodal processing context: the Qwen3-VL processor it asks for at start, in profiling and at
     each image (with a video's per-call options too) is one processor made around the tokenizer vLLM loaded, and
     the release's tokenizer is read once (vLLM's own loading read it again for each); a processor option that is
-    not a per-call one still goes through vLLM's own loading, which applies it."""
+    not a per-call one still goes through vLLM's own loading, which applies it. A release of its own, so that no
+    cache of vLLM's from another test serves it."""
     from transformers import Qwen3VLProcessor
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
     from vllm.engine.arg_utils import EngineArgs
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
     import clef_plugin
-    from clef_plugin.compat.processed_images import release_processor
+    from clef_tools.tiny import build_tiny_release
+
+    release = build_tiny_release(tmp_path / "release", seed=3, vocabulary="toy").path
 
     reads: list[str] = []
     load = PreTrainedTokenizerBase.from_pretrained.__func__  # type: ignore[attr-defined]
@@ -76,8 +79,7 @@ def test_hf_processor_is_made_around_vllms_tokenizer(toy_release: Path, monkeypa
         return load(cls, *args, **kwargs)
 
     monkeypatch.setattr(PreTrainedTokenizerBase, "from_pretrained", classmethod(counted))
-    release_processor.cache_clear()
-    settings = clef_plugin.engine_kwargs(toy_release, max_model_len=512, enforce_eager=True, vision=True)
+    settings = clef_plugin.engine_kwargs(release, max_model_len=512, enforce_eager=True, vision=True)
     info = MULTIMODAL_REGISTRY.create_processor(EngineArgs(**settings).create_model_config()).info
 
     processor = info.get_hf_processor()
