@@ -8,6 +8,7 @@ import copy
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,12 @@ def test_a_crd_that_cannot_be_established_is_named_with_its_conditions(
     cluster.apply([first])
     wait_established(cluster, [first])
     cluster.apply([clashing])
+    # The API server's naming controller writes the clash (NamesAccepted=False) a moment after the CRD is stored,
+    # later on a loaded machine: once it is written, a short wait must name it.
+    name, deadline = clashing["metadata"]["name"], time.monotonic() + 60
+    while not ((bare_control_plane.get("crd", name) or {}).get("status") or {}).get("conditions"):
+        assert time.monotonic() < deadline, f"the API server wrote no conditions for {name} in 60 s"
+        time.sleep(0.5)
     monkeypatch.setattr("clef_cluster.cluster.ESTABLISHED_TIMEOUT_S", 5.0)
     with pytest.raises(ClusterError) as raised:
         wait_established(cluster, [first, clashing])
