@@ -112,10 +112,10 @@ class ProcessedImageInfo(Qwen3_5ProcessingInfo):
         engine's ``mm_processor_kwargs`` or a request's, other than those its calls take, as vLLM sorts them): then
         vLLM's own loading, which applies them.
 
-        vLLM's own loading costs three more reads of the release's tokenizer in each process that builds a
-        multimodal processor (the serving process, at start and at its first image, and the engine core): a
-        processor loaded without options (to learn which options are per call), then one given the tokenizer,
-        whose ``from_pretrained`` reads the tokenizer again, and again for each other set of options.
+        vLLM's own loading reads the release's tokenizer two or more times again in each process that builds a
+        multimodal processor (the serving process and the engine core): a processor loaded without options (to
+        learn which options are per call), then one given vLLM's tokenizer, whose ``from_pretrained`` reads the
+        tokenizer anyway, and again for each other set of per-call options (BENCHMARKS.md, R34).
         """
         processor = release_processor(str(self.ctx.model_config.model), self.get_tokenizer())
         per_call = get_processor_kwargs_keys(get_processor_kwargs_type(processor))
