@@ -8,7 +8,6 @@ import copy
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from clef_cluster import kserve
 from clef_cluster.cluster import ClusterError, wait_established
 from tests.cluster.kube import REPO, Kube, cluster_for
 from tests.deploy.chart import load_yaml_objects
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -104,10 +104,12 @@ def test_a_crd_that_cannot_be_established_is_named_with_its_conditions(
     cluster.apply([clashing])
     # The API server's naming controller writes the clash (NamesAccepted=False) a moment after the CRD is stored,
     # later on a loaded machine: once it is written, a short wait must name it.
-    name, deadline = clashing["metadata"]["name"], time.monotonic() + 60
-    while not ((bare_control_plane.get("crd", name) or {}).get("status") or {}).get("conditions"):
-        assert time.monotonic() < deadline, f"the API server wrote no conditions for {name} in 60 s"
-        time.sleep(0.5)
+    name = clashing["metadata"]["name"]
+    eventually(
+        lambda: ((bare_control_plane.get("crd", name) or {}).get("status") or {}).get("conditions"),
+        f"the API server to write {name}'s conditions",
+        timeout=60,
+    )
     monkeypatch.setattr("clef_cluster.cluster.ESTABLISHED_TIMEOUT_S", 5.0)
     with pytest.raises(ClusterError) as raised:
         wait_established(cluster, [first, clashing])
