@@ -29,6 +29,13 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 """Every request is a prefill: a step of 16384 tokens holds ~32 prompts of 512 tokens (vLLM's own
 offline default on large GPUs; its server default, 2048, would run them four at a time)."""
 DTYPES_WITHOUT_VLLM = ("auto", "bfloat16", "float16", "float32")
+SERVING_GDN_PREFILL_BACKEND = "triton"
+"""The Gated DeltaNet prefill kernel a predictor on a GPU runs unless ``--gdn-prefill-backend`` (or
+``--additional-config``'s ``gdn_prefill_backend``) names one: FLA's Triton kernels, under which the plugin's
+whole-forward CUDA graphs run and whose compiled kernels Triton's cache keeps across starts. vLLM's own choice on
+Hopper is FlashInfer's, measured on an H200 against them (BENCHMARKS.md, R15): one client's p50 74.0 against 58.1 ms
+before the whole-forward graphs (27.15 ms with them, R31), about 25 s more in every warm start (its CuTe-DSL kernels
+are compiled again by each process), 7.6 % more requests/s at 64 clients."""
 
 
 def vllm_installed() -> bool:
@@ -152,6 +159,7 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
 
     A step of :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS` unless ``--max-num-batched-tokens`` says otherwise. On a CPU
     the engine runs eager unless asked otherwise (torch.compile costs about a minute there and gains nothing).
+    On a GPU the Gated DeltaNet prefill runs :data:`SERVING_GDN_PREFILL_BACKEND` unless a flag names another.
     vLLM's own tokenizer and input processor are not loaded (``skip_tokenizer_init``): the predictor encodes every
     prompt itself (clef_head) and sends vLLM token ids only; loading them took about 20 s of each start on a 2-core
     machine (BENCHMARKS.md, "Start time"). With ``--vision`` they are: vLLM's multimodal processor needs the
@@ -174,5 +182,7 @@ def vllm_engine_args(config: EngineConfig, on_gpu: bool) -> AsyncEngineArgs:
     given = changed_engine_args(parsed)
     if not on_gpu:
         given.setdefault("enforce_eager", True)
+    elif "gdn_prefill_backend" not in given and "gdn_prefill_backend" not in given.get("additional_config", {}):
+        given["gdn_prefill_backend"] = SERVING_GDN_PREFILL_BACKEND
     settings = clef_plugin.engine_kwargs(config.release_dir, vision=config.vision, **given)
     return dataclasses.replace(parsed, **settings, skip_tokenizer_init=not config.vision)

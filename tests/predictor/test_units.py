@@ -193,6 +193,26 @@ def test_vllm_owns_its_engine_arguments() -> None:
     assert engine_reads_videos("vllm") and engine_reads_videos("transformers")  # this vLLM takes processed videos
 
 
+def test_a_gpu_predictor_runs_flas_delta_net_prefill_unless_a_flag_names_another() -> None:
+    """On a GPU the Gated DeltaNet prefill is the serving default; either flag that names a backend keeps its own."""
+    from predictor.cli import build_parser
+    from predictor.engines.engine_args import SERVING_GDN_PREFILL_BACKEND, vllm_engine_args
+
+    def engine_args(flags: list[str], on_gpu: bool = True) -> Any:
+        return vllm_engine_args(
+            engine_config(build_parser().parse_args(["--engine", "vllm", *flags]), Path("/m")), on_gpu
+        )
+
+    assert SERVING_GDN_PREFILL_BACKEND == "triton"
+    assert engine_args([]).gdn_prefill_backend == "triton"
+    assert engine_args([], on_gpu=False).gdn_prefill_backend is None  # vLLM's CPU path has its own kernels
+    assert engine_args(["--gdn-prefill-backend", "flashinfer"]).gdn_prefill_backend == "flashinfer"
+    named = engine_args(["--additional-config", '{"gdn_prefill_backend": "flashinfer"}'])
+    assert named.gdn_prefill_backend is None and named.additional_config == {"gdn_prefill_backend": "flashinfer"}
+    other = engine_args(["--additional-config", '{"clef_prompt_graphs": false}'])
+    assert other.gdn_prefill_backend == "triton" and other.additional_config == {"clef_prompt_graphs": False}
+
+
 def test_videos_follow_the_engine_auto_ends_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--engine auto`` reads videos as the engine it ends on: on a vLLM that takes no processed videos, none."""
     import clef_plugin.compat.processed_images
