@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import STDOUT
 from typing import Any
 
-from clef_tools.local_server import free_port, http_ok, stop_process, wait_until_ready
+from clef_tools.local_server import free_port, http_ok, start_and_wait, stop_process
 
 MODEL_NAME = "clef-flash"
 VLLM_CLOCK = re.compile(r"(\d\d):(\d\d):(\d\d)")
@@ -66,15 +66,14 @@ def start_once(release: Path, log_path: Path, extra: list[str], timeout: float) 
     port = free_port()
     command = [sys.executable, "-m", "predictor", "--model-dir", str(release), "--model-name", MODEL_NAME]
     command += ["--engine", "vllm", "--vision", "--http_port", str(port), *extra]
+    url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}"
     with log_path.open("w") as log:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}"
-            wait_until_ready(process, lambda: http_ok(url), timeout, interval=0.25, what="the predictor")
-            ready_s = time.perf_counter() - started
-        finally:
-            stop_process(process)
+        process = start_and_wait(
+            command, lambda: http_ok(url), timeout, interval=0.25, what="the predictor", stdout=log, stderr=STDOUT
+        )
+        ready_s = time.perf_counter() - started
+        stop_process(process)
     text = log_path.read_text()
     return {
         "ready_s": round(ready_s, 1),
@@ -120,22 +119,20 @@ def loads(release: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m bench.vision_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True)
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--logs", type=Path, required=True, help="folder for each start's log (start-N.log)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a start may take to be ready")
     parser.add_argument("--loads", action="store_true", help="time the tokenizer and processor loads first")
-    args = parser.parse_args(own)
+    parser.add_argument("predictor_args", nargs="*", help="more predictor arguments (after --)")
+    args = parser.parse_args(argv)
     if args.loads:
         for name, seconds in loads(args.release).items():
             print(f"{name}: {seconds:.2f} s", flush=True)
     args.logs.mkdir(parents=True, exist_ok=True)
     for number in range(1, args.starts + 1):
-        figures = start_once(args.release, args.logs / f"start-{number}.log", extra, args.timeout)
+        figures = start_once(args.release, args.logs / f"start-{number}.log", args.predictor_args, args.timeout)
         print(json.dumps({"start": number, **figures}), flush=True)
     return 0
 
