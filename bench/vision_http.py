@@ -11,6 +11,11 @@ with four images of that size each (none unless asked), then ``--text-requests``
 noise drawn with a seed of its own and every body has a state of its own, so neither the answer cache nor vLLM's
 caches serve one twice. Each phase records the client's latencies and the server's stage timers (``/metrics``) over it;
 the result also holds the warm-up's time and its image step's (``/metrics`` at ready).
+
+``--answers FILE`` keeps every response's answers, one JSON line per request in the order sent; ``--against FILE``
+sets them beside an earlier run's (the same ``--seed``, records and request counts send the same bodies): the result's
+``against`` holds, per phase, the largest difference of any probability and the share of questions whose top answer
+is the same (two servers of one release that differ in how they run it should agree within the engine's tolerance).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from typing import Any
 from bench.gpu_benchmark.metrics import metric_samples, scrape_timers, timer_means
 from bench.gpu_benchmark.timing import percentiles
 from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
+
+Answered = dict[str, Any]
+"""One response's answers as ``--answers`` keeps them: ``{"phase": ..., "answers": {question id: answer}}``."""
 
 MODEL_NAME = "clef-flash"
 OTHER_SIZE = (448, 448)
@@ -58,26 +66,61 @@ class Bodies:
         return body
 
 
-def timed_post(client: Any, url: str, body: dict[str, Any]) -> float:
-    """Milliseconds of one ``POST /v1/systemone``; a status other than 200 raises, naming it and the answer."""
+def timed_post(client: Any, url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Milliseconds and answers of one ``POST /v1/systemone``; a status other than 200 raises, naming it and the
+    answer."""
     started = time.perf_counter()
     response = client.post(f"{url}/v1/systemone", json=body)
     elapsed = 1000 * (time.perf_counter() - started)
     if response.status_code != 200:
         raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
-    return elapsed
+    return elapsed, response.json()["answers"]
 
 
-def phase(client: Any, url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
-    """Send ``bodies`` one at a time: the client's latencies and the server's stage timers over them."""
+def phase(client: Any, url: str, name: str, bodies: list[dict[str, Any]], answered: list[Answered]) -> dict[str, Any]:
+    """Send ``bodies`` one at a time: the client's latencies and the server's stage timers over them; each
+    response's answers appended to ``answered`` under the phase's ``name``."""
     before = scrape_timers(url)
-    latencies = [timed_post(client, url, body) for body in bodies]
+    latencies = []
+    for body in bodies:
+        elapsed, answers = timed_post(client, url, body)
+        latencies.append(elapsed)
+        answered.append({"phase": name, "answers": answers})
     result: dict[str, Any] = {"requests": len(bodies), "server_ms_mean": timer_means(before, scrape_timers(url))}
     if len(latencies) == 1:
         result["ms"] = round(latencies[0], 2)
     else:
         result["client_ms"] = percentiles(latencies)
     return result
+
+
+def probabilities(answer: dict[str, Any]) -> list[float]:
+    """An answer's probabilities: a choice's or a score's per option, a noul's probability of true and of false."""
+    if answer["type"] == "noul":
+        return [answer["noul"], 1.0 - answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
+def compare_answers(ours: list[Answered], theirs: list[Answered]) -> dict[str, dict[str, Any]]:
+    """Per phase: questions compared, the largest |Δ probability| and the share of questions whose most probable
+    option is the same. ValueError when the two runs did not answer the same requests and questions."""
+    if [item["phase"] for item in ours] != [item["phase"] for item in theirs]:
+        raise ValueError("the runs sent different requests: use the same --seed, records and request counts")
+    figures: dict[str, dict[str, Any]] = {}
+    for mine, other in zip(ours, theirs, strict=True):
+        if mine["answers"].keys() != other["answers"].keys():
+            raise ValueError(f"a {mine['phase']} request's questions differ between the runs")
+        phase_figures = figures.setdefault(mine["phase"], {"questions": 0, "max_abs_diff": 0.0, "same_top": 0})
+        for question, answer in mine["answers"].items():
+            p, q = probabilities(answer), probabilities(other["answers"][question])
+            phase_figures["questions"] += 1
+            differences = [abs(a - b) for a, b in zip(p, q, strict=True)]
+            phase_figures["max_abs_diff"] = max(phase_figures["max_abs_diff"], *differences)
+            phase_figures["same_top"] += p.index(max(p)) == q.index(max(q))
+    for phase_figures in figures.values():
+        phase_figures["max_abs_diff"] = round(phase_figures["max_abs_diff"], 4)
+        phase_figures["top_agreement"] = round(phase_figures.pop("same_top") / phase_figures["questions"], 4)
+    return figures
 
 
 def warmup_figures(url: str) -> dict[str, float]:
@@ -112,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="vllm", help="the predictor's --engine (transformers: a CPU smoke run)")
     parser.add_argument("--ready-timeout", type=float, default=420.0)
     parser.add_argument("--seed", type=int, default=0, help="first image seed (each start should use its own)")
+    parser.add_argument("--answers", type=Path, help="write every response's answers here (JSON lines)")
+    parser.add_argument("--against", type=Path, help="an earlier run's --answers file to set these answers beside")
     parser.add_argument("predictor_args", nargs="*", help="more predictor arguments (after --)")
     args = parser.parse_args(argv)
     import httpx
@@ -124,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     steady = [png_data_url(width, height, next(seed)) for _ in range(args.image_requests)]
     four = [[png_data_url(width, height, next(seed)) for _ in range(4)] for _ in range(args.four_requests)]
     bodies = Bodies(json.loads(args.records.read_text()))
+    theirs = [json.loads(line) for line in args.against.read_text().splitlines()] if args.against else None
+    answered: list[Answered] = []
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -156,14 +203,22 @@ def main(argv: list[str] | None = None) -> int:
             result["ready_s"] = round(time.perf_counter() - started, 1)
             result.update(warmup_figures(url))
             with httpx.Client(timeout=600) as client:
-                result["first_image"] = phase(client, url, [bodies.next([first[0]])])
-                result["second_image"] = phase(client, url, [bodies.next([first[1]])])
-                result["first_other_size"] = {"size": list(OTHER_SIZE), **phase(client, url, [bodies.next([other])])}
-                result["one_image"] = phase(client, url, [bodies.next([image]) for image in steady])
-                if four:
-                    result["four_images"] = phase(client, url, [bodies.next(images) for images in four])
-                result["text"] = phase(client, url, [bodies.next() for _ in range(args.text_requests)])
+                for name, phase_bodies in (
+                    ("first_image", [bodies.next([first[0]])]),
+                    ("second_image", [bodies.next([first[1]])]),
+                    ("first_other_size", [bodies.next([other])]),
+                    ("one_image", [bodies.next([image]) for image in steady]),
+                    ("four_images", [bodies.next(images) for images in four]),
+                    ("text", [bodies.next() for _ in range(args.text_requests)]),
+                ):
+                    if phase_bodies:
+                        result[name] = phase(client, url, name, phase_bodies, answered)
+                result["first_other_size"]["size"] = list(OTHER_SIZE)
+            if theirs is not None:
+                result["against"] = {"answers": str(args.against), **compare_answers(answered, theirs)}
         finally:
+            if args.answers:
+                args.answers.write_text("".join(json.dumps(item) + "\n" for item in answered))
             args.out.write_text(json.dumps(result, indent=1))
             stop_process(server)
     print(json.dumps(result, indent=1))

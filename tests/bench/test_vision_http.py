@@ -1,13 +1,15 @@
-"""bench.vision_http's request bodies: no body sent twice, images attached as data URLs, sizes parsed."""
+"""bench.vision_http's request bodies (no body sent twice, images attached as data URLs, sizes parsed) and its
+comparison of two runs' answers."""
 
 from __future__ import annotations
 
 import base64
 import io
 
+import pytest
 from PIL import Image
 
-from bench.vision_http import Bodies, parse_size, png_data_url
+from bench.vision_http import Bodies, compare_answers, parse_size, png_data_url
 
 
 def test_bodies_never_repeat_a_state_and_carry_the_images() -> None:
@@ -31,3 +33,35 @@ def test_png_data_url_is_a_png_of_the_size_and_differs_by_seed() -> None:
 
 def test_parse_size() -> None:
     assert parse_size("1024x768") == (1024, 768)
+
+
+def answered(phase: str, noul: float, choice: dict[str, float]) -> dict[str, object]:
+    best = max(choice, key=choice.__getitem__)
+    return {
+        "phase": phase,
+        "answers": {
+            "q1": {"type": "noul", "noul": noul},
+            "q2": {"type": "choice", "choice": best, "confidence": choice[best], "probabilities": choice},
+        },
+    }
+
+
+def test_two_runs_answers_are_compared_per_phase_by_largest_difference_and_top_answer() -> None:
+    ours = [answered("text", 0.7, {"a": 0.6, "b": 0.4}), answered("text", 0.2, {"a": 0.1, "b": 0.9})]
+    theirs = [answered("text", 0.4, {"a": 0.62, "b": 0.38}), answered("text", 0.2, {"a": 0.1, "b": 0.9})]
+    ours.append(answered("one_image", 0.5, {"a": 0.5, "b": 0.5}))
+    theirs.append(answered("one_image", 0.5, {"a": 0.5, "b": 0.5}))
+    figures = compare_answers(ours, theirs)
+    assert figures["text"] == {"questions": 4, "max_abs_diff": 0.3, "top_agreement": 0.75}
+    assert figures["one_image"] == {"questions": 2, "max_abs_diff": 0.0, "top_agreement": 1.0}
+
+
+def test_runs_that_sent_other_requests_are_not_compared() -> None:
+    one = [answered("text", 0.7, {"a": 0.6, "b": 0.4})]
+    with pytest.raises(ValueError, match="--seed"):
+        compare_answers(one, [answered("one_image", 0.7, {"a": 0.6, "b": 0.4})])
+    with pytest.raises(ValueError, match="--seed"):
+        compare_answers(one, one + one)
+    other = [{"phase": "text", "answers": {"q9": {"type": "noul", "noul": 0.5}}}]
+    with pytest.raises(ValueError, match="questions differ"):
+        compare_answers(one, other)
