@@ -94,9 +94,12 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
 
         self.prompt_graphs = whole_forward_graphs(vllm_config, self.backbone)
 
-    def backbone(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """vLLM's Qwen3.5 forward on token ids: the final hidden states."""
-        hidden_states = super().forward(input_ids, positions)
+    def backbone(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """vLLM's Qwen3.5 forward on token ids [N] or input embeddings [N, hidden]: the final hidden states."""
+        if inputs.is_floating_point():
+            hidden_states = super().forward(None, positions, inputs_embeds=inputs)
+        else:
+            hidden_states = super().forward(inputs, positions)
         assert isinstance(hidden_states, torch.Tensor)
         return hidden_states
 
@@ -108,9 +111,11 @@ class ClefQwen3_5ForJointSchema(Qwen3_5ForConditionalGeneration, VllmModelForPoo
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor | IntermediateTensors:
-        """A step of a few prompts on token ids replays a whole-forward graph; any other runs vLLM's forward."""
-        if self.prompt_graphs is not None and inputs_embeds is None and not kwargs:
-            hidden_states = self.prompt_graphs.forward(input_ids, positions)
+        """A step of a few prompts (token ids, or a vision engine's input embeddings) replays a whole-forward graph;
+        any other runs vLLM's forward."""
+        if self.prompt_graphs is not None and not kwargs:
+            inputs = input_ids if inputs_embeds is None else inputs_embeds
+            hidden_states = self.prompt_graphs.forward(inputs, positions)
             if hidden_states is not None:
                 return hidden_states
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)

@@ -30,7 +30,8 @@ Every graph is captured at the first step that can take one (the predictor's war
 the server reports ready): each against static copies of that step's attention metadata rebuilt for N tokens,
 run once eagerly first on vLLM's null block (so every kernel is compiled and tuned before capture); the few
 family's empty sequences keep their state in the null block, which vLLM never gives to a request. A replay copies
-the step's token ids, positions and metadata into the static copies.
+the step's inputs (token ids, or input embeddings on a vision engine), positions and metadata into the static
+copies.
 
 The graphs are on unless ``additional_config={"clef_prompt_graphs": false}`` turns them off. They are measured
 with FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md: R24 for the lone family, R28 for the few
@@ -39,9 +40,11 @@ to true.
 
 This module is the one place that leans on vLLM's attention metadata (``FlashAttentionMetadata``,
 ``GDNAttentionMetadata`` and the helpers their builders call); tests pin the fields it reads and writes. Steps
-with more prompts or more tokens than the largest size, decoding requests, images, or another attention backend
-run vLLM's piecewise graphs, as does every step of an engine with tensor parallelism, ``--enforce-eager`` or the
-in-tree CuTe DSL Gated DeltaNet prefill.
+with more prompts or more tokens than the largest size, decoding requests, or another attention backend run vLLM's
+piecewise graphs, as does every step of an engine with tensor parallelism, ``--enforce-eager`` or the in-tree CuTe
+DSL Gated DeltaNet prefill. A vision engine's steps, text or image, arrive as input embeddings (vLLM has run the
+tower and merged its output before the step): its graphs are captured and replayed over those, with the step's
+M-RoPE positions.
 
 One module of ~550 lines on purpose: the capture, the replay and the launch sizing rest on the one padding
 invariant described above (padding rows never meet a real token), and every part reads the same copied
@@ -93,7 +96,9 @@ ASKED_GDN_BACKENDS = ("flashinfer",)
 measured under the graphs: on only when ``additional_config`` sets :data:`SWITCH` to true."""
 
 Backbone = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""The backbone's forward: (token ids [N], positions [..., N]) → hidden states [N, hidden]."""
+"""The backbone's forward: (the step's inputs, positions [..., N]) → hidden states [N, hidden]. The inputs are token
+ids [N] on a text engine, input embeddings [N, hidden] on a vision engine (vLLM's model runner gives a multimodal
+model embeddings for every step, text-only ones too)."""
 
 
 def additional_config(vllm_config: VllmConfig) -> dict[str, Any]:
@@ -368,7 +373,8 @@ class PromptGraph:
     """One size's graph, its static inputs and metadata copies (one per KV-cache group), and its output."""
 
     graph: torch.cuda.CUDAGraph
-    input_ids: torch.Tensor
+    inputs: torch.Tensor
+    """Token ids [N] or input embeddings [N, hidden], as the step that captured the graph had them."""
     positions: torch.Tensor
     groups: list[MetadataCopy]
     hidden_states: torch.Tensor
@@ -379,9 +385,19 @@ class PromptGraph:
             group.fits(step) for group, step in zip(self.groups, steps, strict=True) if isinstance(group, DeltaNetCopy)
         )
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, steps: list[Any]) -> torch.Tensor:
+    def takes(self, inputs: torch.Tensor, positions: torch.Tensor) -> bool:
+        """Whether the step's inputs are laid out as the captured ones: the backbone's compiled code was captured for
+        the kind (token ids or embeddings) and the strides of vLLM's input buffers."""
+        return (
+            inputs.dtype == self.inputs.dtype
+            and inputs.shape[1:] == self.inputs.shape[1:]
+            and inputs.stride() == self.inputs.stride()
+            and positions.stride() == self.positions.stride()
+        )
+
+    def replay(self, inputs: torch.Tensor, positions: torch.Tensor, steps: list[Any]) -> torch.Tensor:
         """Run the step (its inputs and each group's metadata, in the order of :attr:`groups`) through the graph."""
-        self.input_ids.copy_(input_ids)
+        self.inputs.copy_(inputs)
         self.positions.copy_(positions)
         for group, step in zip(self.groups, steps, strict=True):
             group.load(step)
@@ -389,11 +405,13 @@ class PromptGraph:
         return self.hidden_states.clone()
 
 
-def laid_out_as(step_input: torch.Tensor, size: int) -> torch.Tensor:
-    """A zero buffer for ``size`` tokens with the strides of ``step_input``: vLLM passes views of its persistent
-    input buffers (M-RoPE positions: ``[3, size]`` rows of a ``[3, max_tokens]`` buffer), and the backbone's
-    compiled code reads them with those strides, whatever strides a buffer of its own would have."""
-    shape = (*step_input.shape[:-1], size)
+def laid_out_as(step_input: torch.Tensor, size: int, token_axis: int) -> torch.Tensor:
+    """A zero buffer for ``size`` tokens (along ``token_axis``) with the strides of ``step_input``: vLLM passes views
+    of its persistent input buffers (M-RoPE positions: ``[3, size]`` rows of a ``[3, max_tokens]`` buffer;
+    embeddings: the first ``size`` rows of a ``[max_tokens, hidden]`` one), and the backbone's compiled code reads
+    them with those strides, whatever strides a buffer of its own would have."""
+    shape = list(step_input.shape)
+    shape[token_axis] = size
     buffer = torch.empty_strided(shape, step_input.stride(), dtype=step_input.dtype, device=step_input.device)
     return buffer.zero_()
 
@@ -438,8 +456,9 @@ class PromptGraphs:
             return self.few
         return None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The step's hidden states from a graph when one takes the step; None otherwise."""
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        """The step's hidden states from a graph when one takes the step (its token ids [N] or input embeddings
+        [N, hidden], and positions); None otherwise."""
         if not self.enabled:
             return None
         context = get_forward_context()
@@ -448,20 +467,20 @@ class PromptGraphs:
             if not self.backends_checked and isinstance(context.attn_metadata, dict) and context.attn_metadata:
                 self._refuse_unsupported(context.attn_metadata)
             return None
-        size = input_ids.shape[0]
+        size = inputs.shape[0]
         family = self.family(step, size) if size in self.sizes else None
         if family is None:
             return None
-        if not self.graphs and not self._capture_all(context, input_ids, positions):
+        if not self.graphs and not self._capture_all(context, inputs, positions):
             return None
         graph = self.graphs[(family, size)]
-        if positions.stride() != graph.positions.stride() or input_ids.stride() != graph.input_ids.stride():
-            return None  # the backbone's compiled code was captured for the strides of vLLM's input buffers
+        if not graph.takes(inputs, positions):
+            return None
         assert isinstance(context.attn_metadata, dict)
         steps = [context.attn_metadata[layer] for layer in self.layers]
         if not graph.fits(steps):
             return None
-        return graph.replay(input_ids, positions, steps)
+        return graph.replay(inputs, positions, steps)
 
     def _refuse_unsupported(self, metadata: dict[str, Any]) -> None:
         self.backends_checked = True
@@ -474,7 +493,7 @@ class PromptGraphs:
             )
             self.enabled = False
 
-    def _capture_all(self, template: ForwardContext, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
+    def _capture_all(self, template: ForwardContext, inputs: torch.Tensor, positions: torch.Tensor) -> bool:
         """Capture every family's graph of every size; False (the reason logged, every later step left to vLLM) on
         failure."""
         assert isinstance(template.attn_metadata, dict)
@@ -485,7 +504,7 @@ class PromptGraphs:
             with capture_quietly():
                 for sequences in self.families:
                     for size in self.sizes:
-                        self.graphs[(sequences, size)] = self._capture(template, size, sequences, input_ids, positions)
+                        self.graphs[(sequences, size)] = self._capture(template, size, sequences, inputs, positions)
         except Exception:
             logger.exception("capturing whole-forward CUDA graphs failed: every step runs vLLM's piecewise graphs")
             self.graphs.clear()
@@ -502,7 +521,7 @@ class PromptGraphs:
         return True
 
     def _capture(
-        self, template: ForwardContext, size: int, sequences: int, input_ids: torch.Tensor, positions: torch.Tensor
+        self, template: ForwardContext, size: int, sequences: int, inputs: torch.Tensor, positions: torch.Tensor
     ) -> PromptGraph:
         assert isinstance(template.attn_metadata, dict)
         metadata = template.attn_metadata
@@ -521,16 +540,16 @@ class PromptGraphs:
             cudagraph_runtime_mode=CUDAGraphMode.NONE,
             batch_descriptor=None,
         )
-        ids = laid_out_as(input_ids, size)
-        pos = laid_out_as(positions, size)
+        step_inputs = laid_out_as(inputs, size, token_axis=0)
+        pos = laid_out_as(positions, size, token_axis=-1)
         pool = next(iter(self.graphs.values())).graph.pool() if self.graphs else None
         graph = torch.cuda.CUDAGraph()
         with override_forward_context(context):
-            self.backbone(ids, pos)  # kernels compiled and tuned for this size before capture
+            self.backbone(step_inputs, pos)  # kernels compiled and tuned for this size before capture
             torch.cuda.synchronize()
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                hidden_states = self.backbone(ids, pos)
-        return PromptGraph(graph, ids, pos, groups, hidden_states)
+                hidden_states = self.backbone(step_inputs, pos)
+        return PromptGraph(graph, step_inputs, pos, groups, hidden_states)
 
 
 def whole_forward_graphs(vllm_config: VllmConfig, backbone: Backbone) -> PromptGraphs | None:

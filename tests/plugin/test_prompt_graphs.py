@@ -29,9 +29,11 @@ from clef_plugin.prompt_graphs import (
     SWITCH,
     AttentionCopy,
     DeltaNetCopy,
+    PromptGraph,
     PromptGraphs,
     PromptStep,
     gdn_backend_refusal,
+    laid_out_as,
     max_prompts,
     prompt_step,
     unsupported_backends,
@@ -456,6 +458,61 @@ def test_another_attention_backend_turns_the_graphs_off_with_a_warning(caplog: p
     assert "TritonAttentionMetadata" in caplog.text
 
 
+def test_a_graphs_buffers_keep_the_strides_of_vllms_input_buffers() -> None:
+    """Token ids [N], M-RoPE positions [3, N] (a view of a [3, max_tokens] buffer) and input embeddings [N, hidden]
+    (the first rows of a [max_tokens, hidden] buffer): the graph's buffer has N tokens along the token axis and the
+    step's strides."""
+    ids = torch.arange(1024)[:300]
+    positions = torch.arange(3 * 1024).view(3, 1024)[:, :300]
+    embeddings = torch.ones(1024, 8, dtype=torch.bfloat16)[:300]
+    for step_input, axis, shape in ((ids, 0, (384,)), (positions, -1, (3, 384)), (embeddings, 0, (384, 8))):
+        buffer = laid_out_as(step_input, 384, token_axis=axis)
+        assert buffer.shape == shape and buffer.stride() == step_input.stride() and buffer.dtype == step_input.dtype
+        assert not buffer.any()
+
+
+def test_a_graph_takes_only_inputs_of_the_kind_and_layout_it_was_captured_for() -> None:
+    """A graph captured over embeddings never replays token ids, nor embeddings of another width or layout."""
+    positions = torch.zeros(3, 1024, dtype=torch.int64)[:, :384]
+    embeddings = torch.zeros(1024, 8, dtype=torch.bfloat16)[:384]
+    graph = PromptGraph(None, embeddings, positions, [], torch.zeros(384, 8))  # type: ignore[arg-type]
+    assert graph.takes(torch.ones(2048, 8, dtype=torch.bfloat16)[:384], positions)
+    assert not graph.takes(torch.zeros(384, dtype=torch.int32), positions)
+    assert not graph.takes(torch.zeros(384, 16, dtype=torch.bfloat16), positions)
+    assert not graph.takes(torch.zeros(8, 384, dtype=torch.bfloat16).t(), positions)
+    assert not graph.takes(embeddings, torch.zeros(3, 384, dtype=torch.int64).t().contiguous().t())
+
+
+def test_a_vision_engines_embeddings_reach_the_graphs_and_its_backbone() -> None:
+    """vLLM's model runner gives a multimodal model input embeddings and no token ids for every step: the model hands
+    them to its graphs, and its backbone (what the graphs capture) runs vLLM's forward on them."""
+    from clef_plugin.model import ClefQwen3_5ForJointSchema
+
+    embeddings = torch.ones(384, 8)
+    positions = torch.zeros(3, 384, dtype=torch.int64)
+    seen: list[torch.Tensor] = []
+    hidden = torch.full((384, 8), 2.0)
+
+    def graphs_forward(inputs: torch.Tensor, step_positions: torch.Tensor) -> torch.Tensor:
+        seen.append(inputs)
+        return hidden
+
+    model = SimpleNamespace(prompt_graphs=SimpleNamespace(forward=graphs_forward))
+    answer = ClefQwen3_5ForJointSchema.forward(model, None, positions, None, embeddings)  # type: ignore[arg-type]
+    assert answer is hidden and seen == [embeddings]
+
+    forwarded: list[tuple[Any, ...]] = []
+    parent = ClefQwen3_5ForJointSchema.__mro__[1]
+    with pytest.MonkeyPatch.context() as patcher:
+        patcher.setattr(parent, "forward", lambda self, *args, **kwargs: forwarded.append((args, kwargs)) or hidden)
+        backbone = ClefQwen3_5ForJointSchema.__new__(ClefQwen3_5ForJointSchema)
+        assert backbone.backbone(embeddings, positions) is hidden
+        assert backbone.backbone(torch.zeros(384, dtype=torch.int32), positions) is hidden
+    (args, kwargs), (id_args, id_kwargs) = forwarded
+    assert args[0] is None and kwargs["inputs_embeds"] is embeddings
+    assert id_args[0].dtype == torch.int32 and "inputs_embeds" not in id_kwargs
+
+
 def stand_in_backbone(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Reads what a real backbone reads (token ids, positions, every layer's metadata from the forward context) and
     returns it per token: ids, positions, KV-cache slots, then each sequence's bounds, lengths, first block, state
@@ -466,7 +523,8 @@ def stand_in_backbone(input_ids: torch.Tensor, positions: torch.Tensor) -> torch
     linear = metadata["layers.0.linear_attn"]
     assert metadata["layers.1.linear_attn"] is linear
     tokens = input_ids.shape[0]
-    columns = [input_ids.float()[:, None], positions[1].float()[:, None], full.slot_mapping.float()[:, None]]
+    ids = input_ids.float().reshape(tokens, -1)[:, :1]  # token ids, or a vision engine's embeddings carrying them
+    columns = [ids, positions[1].float()[:, None], full.slot_mapping.float()[:, None]]
     for vector in (
         full.query_start_loc,
         full.seq_lens,
@@ -482,16 +540,24 @@ def stand_in_backbone(input_ids: torch.Tensor, positions: torch.Tensor) -> torch
     return torch.cat(columns, dim=1)
 
 
-def graph_inputs(length: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def graph_inputs(length: int, size: int, embeddings: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's inputs (token ids, or rows of a [max_tokens, hidden] embeddings buffer whose first column holds
+    them) and M-RoPE positions (a view of vLLM's [3, max_tokens] buffer)."""
     ids = torch.arange(size, dtype=torch.int32, device="cuda") + length
     rows = torch.arange(3 * 1024, dtype=torch.int64, device="cuda").view(3, 1024)
-    return ids, rows[:, :size]  # M-RoPE positions: a view of vLLM's [3, max_tokens] buffer
+    if embeddings:
+        buffer = torch.zeros(1024, 8, dtype=torch.float32, device="cuda")
+        buffer[:size, 0] = ids
+        return buffer[:size], rows[:, :size]
+    return ids, rows[:, :size]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CUDA graph capture")
-def test_replay_sees_each_steps_inputs_and_metadata() -> None:
+@pytest.mark.parametrize("embeddings", [False, True], ids=["token-ids", "embeddings"])
+def test_replay_sees_each_steps_inputs_and_metadata(embeddings: bool) -> None:
     """Every graph is captured at the first lone prompt, then each replay, lone or of a few prompts, answers for its
-    own step: what the stand-in backbone reads equals what the static copies loaded from that step."""
+    own step: what the stand-in backbone reads equals what the static copies loaded from that step; on token ids
+    (a text engine) as on input embeddings (a vision engine)."""
     graphs = PromptGraphs(stand_in_backbone, [256, 384], whole_below=16384, max_prompts=MAX_PROMPTS)
     cases = [
         ([300], 5, None, 1),
@@ -500,7 +566,7 @@ def test_replay_sees_each_steps_inputs_and_metadata() -> None:
         ([100, 100, 100, 80], 3, [True, False, False, True], FEW),
     ]
     for lengths, slot, initial, family in cases:
-        ids, positions = graph_inputs(sum(lengths), 384)
+        ids, positions = graph_inputs(sum(lengths), 384, embeddings)
         context = prompts(lengths, padded_to=384, slot=slot, initial=initial, device="cuda")
         with override_forward_context(context):
             hidden = graphs.forward(ids, positions)
