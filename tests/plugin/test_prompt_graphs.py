@@ -20,6 +20,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
+from clef_plugin import prompt_graphs
 from clef_plugin.prompt_graphs import (
     MAX_PROMPTS,
     MAX_PROMPTS_KEY,
@@ -365,11 +366,16 @@ def config(**overrides: Any) -> Any:
         "world_size": 1,
         "max_num_batched_tokens": 16384,
         "long_prefill_token_threshold": 0,
+        "vision": None,
     }
     settings.update(overrides)
+    vision = settings["vision"]
+    multimodal = None if vision is None else SimpleNamespace(language_model_only=not vision)
     return SimpleNamespace(
         additional_config=settings["additional_config"],
-        model_config=SimpleNamespace(enforce_eager=settings["enforce_eager"], hf_text_config=SimpleNamespace()),
+        model_config=SimpleNamespace(
+            enforce_eager=settings["enforce_eager"], hf_text_config=SimpleNamespace(), multimodal_config=multimodal
+        ),
         compilation_config=SimpleNamespace(cudagraph_mode=settings["cudagraph_mode"]),
         parallel_config=SimpleNamespace(world_size=settings["world_size"]),
         scheduler_config=SimpleNamespace(
@@ -409,6 +415,22 @@ def test_the_most_prompts_a_graph_takes_is_a_whole_number_from_one() -> None:
             max_prompts(config(additional_config={MAX_PROMPTS_KEY: value}))
     with pytest.raises(ValueError, match=MAX_PROMPTS_KEY):  # refused on any engine, one without graphs too
         whole_forward_graphs(config(additional_config={SWITCH: False, MAX_PROMPTS_KEY: 0}), lambda ids, pos: ids)
+
+
+def test_a_vision_engine_takes_the_graphs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tower loaded (``language_model_only`` off) the graphs run over input embeddings, not yet measured
+    with the full shape: only ``additional_config`` true asks for them; a text engine of the multimodal
+    architecture, or of a text-only one, has them by default."""
+    monkeypatch.setattr(prompt_graphs.current_platform, "is_cuda", lambda: True)
+    monkeypatch.setattr(prompt_graphs, "_resolve_gdn_prefill_backend", lambda vllm_config: (None, "triton"))
+    refusal = why_not_graphed(config(vision=True))
+    assert refusal is not None and "vision tower" in refusal and f"{SWITCH}: true" in refusal
+    assert why_not_graphed(config(vision=True, additional_config={SWITCH: True})) is None
+    assert why_not_graphed(config(vision=True, additional_config={SWITCH: False})) == (
+        f"additional_config sets {SWITCH} to false"
+    )
+    assert why_not_graphed(config(vision=False)) is None
+    assert why_not_graphed(config()) is None
 
 
 def test_flashinfers_delta_net_prefill_takes_the_graphs_only_when_asked() -> None:
