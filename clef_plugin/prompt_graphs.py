@@ -45,8 +45,7 @@ with more prompts or more tokens than the largest size, decoding requests, or an
 piecewise graphs, as does every step of an engine with tensor parallelism, ``--enforce-eager`` or the in-tree CuTe
 DSL Gated DeltaNet prefill. A vision engine's steps, text or image, arrive as input embeddings (vLLM has run the
 tower and merged its output before the step): its graphs are captured and replayed over those, with the step's
-M-RoPE positions, and run only when ``additional_config`` sets :data:`SWITCH` to true (not yet measured on a GPU with
-Clef's full shape).
+M-RoPE positions, and run only when ``additional_config`` sets :data:`SWITCH` to true (not yet measured on a GPU).
 
 One module of ~550 lines on purpose: the capture, the replay and the launch sizing rest on the one padding
 invariant described above (padding rows never meet a real token), and every part reads the same copied
