@@ -33,11 +33,10 @@ family's empty sequences keep their state in the null block, which vLLM never gi
 the step's inputs (token ids, or input embeddings on a vision engine), positions and metadata into the static
 copies.
 
-The graphs are on unless ``additional_config={"clef_prompt_graphs": false}`` turns them off (a vision engine: see
-below). They are measured
-with FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md: R24 for the lone family, R28 for the few
-family); with FlashInfer's Gated DeltaNet prefill, not yet measured under them, they run only when that key is set
-to true.
+The graphs are on unless ``additional_config={"clef_prompt_graphs": false}`` turns them off (on a vision engine,
+see below). They are measured with FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md: R24 for the lone
+family, R28 for the few family); with FlashInfer's Gated DeltaNet prefill, not yet measured under them, they run
+only when that key is set to true.
 
 This module is the one place that leans on vLLM's attention metadata (``FlashAttentionMetadata``,
 ``GDNAttentionMetadata`` and the helpers their builders call); tests pin the fields it reads and writes. Steps
@@ -141,7 +140,7 @@ def why_not_graphed(vllm_config: VllmConfig) -> str | None:
         return "the engine is split over several GPUs"
     if loads_vision_tower(vllm_config) and asked is not True:
         return (
-            "the engine loads the vision tower, whose input embeddings they are not yet measured over "
+            "the engine loads the vision tower: the graphs over its input embeddings are not yet measured "
             f"(additional_config {SWITCH}: true asks for them)"
         )
     return gdn_backend_refusal(_resolve_gdn_prefill_backend(vllm_config)[1], asked=asked is True)
