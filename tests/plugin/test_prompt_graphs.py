@@ -418,9 +418,9 @@ def test_the_most_prompts_a_graph_takes_is_a_whole_number_from_one() -> None:
 
 
 def test_a_vision_engine_takes_the_graphs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the tower loaded (``language_model_only`` off) the graphs run over input embeddings, not yet measured
-    with the full shape: only ``additional_config`` true asks for them; a text engine of the multimodal
-    architecture, or of a text-only one, has them by default."""
+    """With the tower loaded (``language_model_only`` off) the graphs run over input embeddings, not yet measured on
+    a GPU: only ``additional_config`` true asks for them; a text engine of the multimodal architecture, or of a
+    text-only one, has them by default."""
     monkeypatch.setattr(prompt_graphs.current_platform, "is_cuda", lambda: True)
     monkeypatch.setattr(prompt_graphs, "_resolve_gdn_prefill_backend", lambda vllm_config: (None, "triton"))
     refusal = why_not_graphed(config(vision=True))
