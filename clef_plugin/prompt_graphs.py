@@ -33,10 +33,10 @@ family's empty sequences keep their state in the null block, which vLLM never gi
 the step's inputs (token ids, or input embeddings on a vision engine), positions and metadata into the static
 copies.
 
-The graphs are on unless ``additional_config={"clef_prompt_graphs": false}`` turns them off (on a vision engine,
-see below). They are measured with FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md: R24 for the lone
-family, R28 for the few family); with FlashInfer's Gated DeltaNet prefill, not yet measured under them, they run
-only when that key is set to true.
+The graphs are on unless ``additional_config={"clef_prompt_graphs": false}`` turns them off. They are measured with
+FLA's Triton Gated DeltaNet kernels on an H200 (BENCHMARKS.md: R24 for the lone family, R28 for the few family; R36
+on a vision engine, an H100); with FlashInfer's Gated DeltaNet prefill, not yet measured under them, they run only
+when that key is set to true.
 
 This module is the one place that leans on vLLM's attention metadata (``FlashAttentionMetadata``,
 ``GDNAttentionMetadata`` and the helpers their builders call); tests pin the fields it reads and writes. Steps
@@ -44,7 +44,7 @@ with more prompts or more tokens than the largest size, decoding requests, or an
 piecewise graphs, as does every step of an engine with tensor parallelism, ``--enforce-eager`` or the in-tree CuTe
 DSL Gated DeltaNet prefill. A vision engine's steps, text or image, arrive as input embeddings (vLLM has run the
 tower and merged its output before the step): its graphs are captured and replayed over those, with the step's
-M-RoPE positions, and run only when ``additional_config`` sets :data:`SWITCH` to true (not yet measured on a GPU).
+M-RoPE positions.
 
 One module of ~550 lines on purpose: the capture, the replay and the launch sizing rest on the one padding
 invariant described above (padding rows never meet a real token), and every part reads the same copied
@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 
 SWITCH = "clef_prompt_graphs"
 """``additional_config`` key: false turns the graphs off; true also asks for them over FlashInfer's Gated DeltaNet
-prefill and on a vision engine (see the module docstring)."""
+prefill (see the module docstring)."""
 RENAMED_SWITCH = "clef_lone_prompt_graphs"
 """The switch's name before the few family existed: refused, naming :data:`SWITCH`."""
 MAX_PROMPTS_KEY = "clef_prompt_graphs_max_prompts"
@@ -138,19 +138,7 @@ def why_not_graphed(vllm_config: VllmConfig) -> str | None:
         return f"cudagraph_mode is {vllm_config.compilation_config.cudagraph_mode.name}, not PIECEWISE"
     if vllm_config.parallel_config.world_size > 1:
         return "the engine is split over several GPUs"
-    if loads_vision_tower(vllm_config) and asked is not True:
-        return (
-            "the engine loads the vision tower: the graphs over its input embeddings are not yet measured "
-            f"(additional_config {SWITCH}: true asks for them)"
-        )
     return gdn_backend_refusal(_resolve_gdn_prefill_backend(vllm_config)[1], asked=asked is True)
-
-
-def loads_vision_tower(vllm_config: VllmConfig) -> bool:
-    """Whether the engine runs Qwen3.5 with its vision tower (``language_model_only`` off): vLLM then gives the
-    model input embeddings for every step."""
-    multimodal = vllm_config.model_config.multimodal_config
-    return multimodal is not None and not multimodal.language_model_only
 
 
 def gdn_backend_refusal(backend: str, *, asked: bool) -> str | None:

@@ -417,14 +417,12 @@ def test_the_most_prompts_a_graph_takes_is_a_whole_number_from_one() -> None:
         whole_forward_graphs(config(additional_config={SWITCH: False, MAX_PROMPTS_KEY: 0}), lambda ids, pos: ids)
 
 
-def test_a_vision_engine_takes_the_graphs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the tower loaded (``language_model_only`` off) the graphs run over input embeddings, not yet measured on
-    a GPU: only ``additional_config`` true asks for them; a text engine of the multimodal architecture, or of a
-    text-only one, has them by default."""
+def test_a_vision_engine_takes_the_graphs_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tower loaded (``language_model_only`` off) the graphs run over input embeddings, as a text engine's
+    run over token ids: on by default, off with ``additional_config`` false."""
     monkeypatch.setattr(prompt_graphs.current_platform, "is_cuda", lambda: True)
     monkeypatch.setattr(prompt_graphs, "_resolve_gdn_prefill_backend", lambda vllm_config: (None, "triton"))
-    refusal = why_not_graphed(config(vision=True))
-    assert refusal is not None and "vision tower" in refusal and f"{SWITCH}: true" in refusal
+    assert why_not_graphed(config(vision=True)) is None
     assert why_not_graphed(config(vision=True, additional_config={SWITCH: True})) is None
     assert why_not_graphed(config(vision=True, additional_config={SWITCH: False})) == (
         f"additional_config sets {SWITCH} to false"
