@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One offline measurement on an H200 machine without network, in one command (BENCHMARKS.md, round 5):
-#   1. the vLLM 0.26 bundle's install line (unpacks into /tmp/site once) and the wheels in $WHEELS;
+#   1. the vLLM 0.26 bundle's install line (unpacks into /tmp/site once) and the wheels in $WHEELS (what the bundle
+#      lacks: bench/offline_wheels.sh fetches them);
 #   2. the repository and operator installed into /tmp/site (no dependencies: the bundle holds them);
 #   3. python3 -m bench.gpu_benchmark with the arguments given (work folder and caches under $WORK), with
 #      vLLM's compilation passes logging at DEBUG (how many patterns each fusion pass replaced) and every other
