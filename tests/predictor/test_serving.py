@@ -37,6 +37,7 @@ from predictor.serving.warmup import (
     schema_tokens,
     warmup_schema,
 )
+from tests.polling import eventually
 from tests.predictor.conftest import MODEL_NAME, encode_workers, simple_request
 
 CARD = ModelCard(MODEL_NAME, "test", "1970-01-01")
@@ -438,17 +439,6 @@ def _pool_model(engine: FakeEngine, release_dir: Path) -> ClefModel:
     return ClefModel(CARD, lambda: engine, options=options, exit_process=lambda code: None)
 
 
-def _new_workers(before: set[int], count: int, timeout: float = 30) -> set[int]:
-    """The encode workers of this process not in ``before``, once ``count`` of them show the worker's command line:
-    the kernel resumes the spawning process before a new child's command line is in place."""
-    deadline = time.monotonic() + timeout
-    while True:
-        launched = set(encode_workers(os.getpid())) - before
-        if len(launched) >= count or time.monotonic() > deadline:
-            return launched
-        time.sleep(0.05)
-
-
 def test_encode_workers_start_when_the_engine_is_built_and_ready_waits_for_their_probes(
     tokenizer: Any, toy_release: Path
 ) -> None:
@@ -458,7 +448,13 @@ def test_encode_workers_start_when_the_engine_is_built_and_ready_waits_for_their
     model = _pool_model(engine, toy_release)
     before = set(encode_workers(os.getpid()))
     model.load()
-    launched = _new_workers(before, 2)
+
+    def two_new_workers() -> set[int] | None:
+        """Polled: the kernel resumes the spawning process before a new child's command line is in place."""
+        launched = set(encode_workers(os.getpid())) - before
+        return launched if len(launched) >= 2 else None
+
+    launched = eventually(two_new_workers, "two new encode workers", timeout=30)
     assert len(launched) == 2 and engine.calls == 0  # spawned at load, before start_engine
 
     async def scenario() -> None:
