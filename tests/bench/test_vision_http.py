@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+from typing import Any
 
 import pytest
 from PIL import Image
 
-from bench.vision_http import Bodies, compare_answers, parse_size, png_data_url
+from bench.vision_http import Bodies, compare_answers, parse_size, png_data_url, timed_post
 
 
 def test_bodies_never_repeat_a_state_and_carry_the_images() -> None:
@@ -29,6 +31,44 @@ def test_png_data_url_is_a_png_of_the_size_and_differs_by_seed() -> None:
     image = Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :])))
     assert (image.format, image.size) == ("PNG", (64, 48))
     assert png_data_url(64, 48, seed=2) != url
+
+
+class Response:
+    def __init__(self, status_code: int, payload: dict[str, Any]) -> None:
+        self.status_code = status_code
+        self.payload = payload
+        self.text = json.dumps(payload)
+
+    def json(self) -> dict[str, Any]:
+        return self.payload
+
+
+class Client:
+    """Records each post; answers with ``status``."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+
+    def post(self, url: str, **kwargs: Any) -> Response:
+        self.posts.append((url, kwargs))
+        return Response(self.status, {"answers": {"q": {"type": "noul", "noul": 0.5}}})
+
+
+def test_timed_post_sends_the_body_as_json_bytes_encoded_before_the_clock() -> None:
+    client = Client()
+    body = {"model": "m", "state": "é", "images": ["data:image/png;base64,AA=="]}
+    elapsed, answers = timed_post(client, "http://server", body)
+    assert answers == {"q": {"type": "noul", "noul": 0.5}} and elapsed >= 0
+    ((url, sent),) = client.posts
+    assert url == "http://server/v1/systemone"
+    assert set(sent) == {"content", "headers"} and isinstance(sent["content"], bytes)
+    assert json.loads(sent["content"]) == body and sent["headers"] == {"content-type": "application/json"}
+
+
+def test_timed_post_raises_on_an_error_status() -> None:
+    with pytest.raises(RuntimeError, match="HTTP 422"):
+        timed_post(Client(status=422), "http://server", {"model": "m"})
 
 
 def test_parse_size() -> None:
