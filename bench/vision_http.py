@@ -70,7 +70,8 @@ class Bodies:
 def timed_post(client: Any, url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """Milliseconds and answers of one ``POST /v1/systemone``; a status other than 200 raises, naming it and the
     answer. The body is encoded before the clock starts: a 1024 x 768 PNG of noise makes a 3.1 MB JSON text, and
-    encoding it in the client took 5-10 ms on a 2-core machine, which is no part of the server's latency."""
+    encoding it in the client took about 8 ms on a 2-core machine (BENCHMARKS.md, R37), no part of the server's
+    latency."""
     payload = json.dumps(body, separators=(",", ":")).encode()
     started = time.perf_counter()
     response = client.post(f"{url}/v1/systemone", content=payload, headers=JSON_HEADERS)

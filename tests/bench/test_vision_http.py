@@ -33,7 +33,7 @@ def test_png_data_url_is_a_png_of_the_size_and_differs_by_seed() -> None:
     assert png_data_url(64, 48, seed=2) != url
 
 
-class Response:
+class FakeResponse:
     def __init__(self, status_code: int, payload: dict[str, Any]) -> None:
         self.status_code = status_code
         self.payload = payload
@@ -43,20 +43,20 @@ class Response:
         return self.payload
 
 
-class Client:
+class RecordingClient:
     """Records each post; answers with ``status``."""
 
     def __init__(self, status: int = 200) -> None:
         self.status = status
         self.posts: list[tuple[str, dict[str, Any]]] = []
 
-    def post(self, url: str, **kwargs: Any) -> Response:
+    def post(self, url: str, **kwargs: Any) -> FakeResponse:
         self.posts.append((url, kwargs))
-        return Response(self.status, {"answers": {"q": {"type": "noul", "noul": 0.5}}})
+        return FakeResponse(self.status, {"answers": {"q": {"type": "noul", "noul": 0.5}}})
 
 
-def test_timed_post_sends_the_body_as_json_bytes_encoded_before_the_clock() -> None:
-    client = Client()
+def test_timed_post_sends_the_body_as_encoded_json_bytes() -> None:
+    client = RecordingClient()
     body = {"model": "m", "state": "é", "images": ["data:image/png;base64,AA=="]}
     elapsed, answers = timed_post(client, "http://server", body)
     assert answers == {"q": {"type": "noul", "noul": 0.5}} and elapsed >= 0
@@ -68,7 +68,7 @@ def test_timed_post_sends_the_body_as_json_bytes_encoded_before_the_clock() -> N
 
 def test_timed_post_raises_on_an_error_status() -> None:
     with pytest.raises(RuntimeError, match="HTTP 422"):
-        timed_post(Client(status=422), "http://server", {"model": "m"})
+        timed_post(RecordingClient(status=422), "http://server", {"model": "m"})
 
 
 def test_parse_size() -> None:
