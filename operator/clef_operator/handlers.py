@@ -154,7 +154,7 @@ async def _reconcile_for_handler(
 ) -> None:
     remember(operator_state(memo), memo, gpu_nodes, decisions)
     try:
-        outcome = await run_pass(plain(body), memo, indexed_nodes(gpu_nodes))
+        outcome = await run_pass(plain(body), memo, gpu_nodes)
     except (ConflictError, ApiError):
         return  # scheduled again with backoff
     if outcome is not None and outcome.invalid_spec is not None:
@@ -216,7 +216,7 @@ async def node_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     for store in list(decisions.values()):
         for body in list(store):
             with contextlib.suppress(ConflictError, ApiError, kopf.TemporaryError):
-                await run_pass(body, memo, nodes)
+                await run_pass(body, memo, gpu_nodes)
 
 
 @kopf.on.event(KSERVE_GROUP, KSERVE_VERSION, KSERVE_PLURAL)

@@ -128,10 +128,13 @@ def remember(
         state.task = asyncio.create_task(_scheduler(state, memo), name="clef-scheduler")
 
 
-async def run_pass(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode]) -> Outcome | None:
+async def run_pass(body: Mapping[str, Any], memo: Any, nodes_index: kopf.Index[str, GpuNode] | None) -> Outcome | None:
     """Reconcile one ClefDecision under its lock, write its status if changed, post its events, schedule it.
 
-    The previous status is the one this process last wrote (the body's copy may lag behind it). A failed
+    The GPU nodes are read from kopf's live index once the lock is held: passes wait for each other, and a pass
+    given the nodes as they were when it was asked for (two nodes deleted at once: one handler per node) could run
+    after a newer one and write a status from nodes already gone. The previous status is the one this process last
+    wrote (the body's copy may lag behind it). A failed
     pass (a pool's write refused, a lost race, KServe missing) is scheduled again with backoff; a removal
     grace period that is running schedules a pass for its end. Returns None for a ClefDecision being deleted.
     """
@@ -155,7 +158,7 @@ async def run_pass(body: Mapping[str, Any], memo: Any, nodes: Iterable[GpuNode])
             )
             outcome = await reconcile(
                 body,
-                nodes=nodes,
+                nodes=indexed_nodes(nodes_index),
                 api=state.api,
                 previous_status=previous,
                 policy=state.policy,
@@ -226,7 +229,7 @@ async def _scheduler(state: OperatorState, memo: Any) -> None:
             if body is None:
                 continue
             try:
-                await run_pass(body, memo, indexed_nodes(state.nodes_index))
+                await run_pass(body, memo, state.nodes_index)
             except (ConflictError, ApiError, kopf.TemporaryError):
                 pass  # _run has scheduled the retry
             except Exception:  # a bug must not stop every later retry, grace expiry and resync
