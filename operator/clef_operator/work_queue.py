@@ -134,9 +134,9 @@ async def run_pass(body: Mapping[str, Any], memo: Any, nodes_index: kopf.Index[s
     The GPU nodes are read from kopf's live index once the lock is held: passes wait for each other, and a pass
     given the nodes as they were when it was asked for (two nodes deleted at once: one handler per node) could run
     after a newer one and write a status from nodes already gone. The previous status is the one this process last
-    wrote (the body's copy may lag behind it). A failed
-    pass (a pool's write refused, a lost race, KServe missing) is scheduled again with backoff; a removal
-    grace period that is running schedules a pass for its end. Returns None for a ClefDecision being deleted.
+    wrote (the body's copy may lag behind it). A failed pass (a pool's write refused, a lost race, KServe missing)
+    is scheduled again with backoff; a removal grace period that is running schedules a pass for its end. Returns
+    None for a ClefDecision being deleted.
     """
     state = operator_state(memo)
     if state.api is None:
