@@ -29,6 +29,21 @@ from predictor.serving.prepare import TOKENIZER_FILE, PrepareSettings, ReleaseTo
 from predictor.serving.request_policy import RequestPolicy
 
 MAX_LENGTH = 2048
+SETTINGS = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), MAX_LENGTH)
+"""How the encode benchmarks prepare a body: the default limits and name policy, prompts up to MAX_LENGTH."""
+
+
+def sized_bodies(records: int, tokens: int) -> tuple[Any, list[bytes]]:
+    """Qwen3.5's vocabulary (a transformers tokenizer) and ``records`` of the GPU benchmark's sized records of about
+    ``tokens`` prompt tokens each (seed 0), as JSON bodies."""
+    vocabulary = build_tokenizer()
+    return vocabulary, [orjson.dumps(body) for body in make_records(vocabulary, records, seed=0, tokens=tokens)]
+
+
+def release_tokenizer(vocabulary: Any, folder: Path) -> ReleaseTokenizer:
+    """``vocabulary`` saved as a release's ``tokenizer.json`` in ``folder``, loaded as an encode worker loads it."""
+    vocabulary.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
+    return ReleaseTokenizer(folder)
 
 
 class CallCounter:
@@ -50,20 +65,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    vocabulary = build_tokenizer()
-    bodies = [orjson.dumps(body) for body in make_records(vocabulary, args.records, seed=0, tokens=args.tokens)]
+    vocabulary, bodies = sized_bodies(args.records, args.tokens)
     with tempfile.TemporaryDirectory() as folder:
-        vocabulary.backend_tokenizer.save(str(Path(folder) / TOKENIZER_FILE))
-        tokenizer = ReleaseTokenizer(folder)
-    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), MAX_LENGTH)
+        tokenizer = release_tokenizer(vocabulary, Path(folder))
 
     def one_pass(encoder: Any) -> float:
         started = time.perf_counter()
         for body in bodies:
-            prepare_json(encoder, settings, body, "application/json")
+            prepare_json(encoder, SETTINGS, body, "application/json")
         return (time.perf_counter() - started) / len(bodies)
 
-    lengths = [len(prepare_json(tokenizer, settings, body, "application/json")[1].input_ids) for body in bodies]
+    lengths = [len(prepare_json(tokenizer, SETTINGS, body, "application/json")[1].input_ids) for body in bodies]
     passes = [one_pass(tokenizer) for _ in range(args.repeats)]
     counter = CallCounter(tokenizer)
     one_pass(counter)  # a tokenizer object seen for the first time: it pays for the template's pieces once

@@ -8,7 +8,7 @@ a thread of this process with the transformers tokenizer (``--encode-processes 0
 tokenizer is a transformers one), a thread with the release's ``tokenizer.json`` run by the ``tokenizers`` library
 (what a worker runs, without the hop), and encode pools of N worker processes
 (:class:`predictor.serving.encode_pool.EncodePool`, ``--encode-processes N``). The bodies are the GPU benchmark's
-sized records (``clef_tools.sized_records``, seed 0) with Qwen3.5's vocabulary. Prints one JSON line: for each
+sized records with Qwen3.5's vocabulary, as :mod:`bench.encode_benchmark` builds them. Prints one JSON line: for each
 preparer, the median milliseconds per body of each timed pass (after one untimed pass), then a summary.
 """
 
@@ -24,17 +24,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from clef_head.request import DEFAULT_LIMITS
-from clef_tools.sized_records import make_records
-from clef_tools.tiny import build_tokenizer
+from bench.encode_benchmark import SETTINGS, release_tokenizer, sized_bodies
 from predictor.serving import prepare
 from predictor.serving.encode_pool import EncodePool, InProcessPreparer, Preparer
-from predictor.serving.prepare import TOKENIZER_FILE, PrepareSettings, ReleaseTokenizer
-from predictor.serving.request_policy import RequestPolicy
+from predictor.serving.prepare import PrepareSettings
 
-MAX_LENGTH = 2048
 PAUSE_S = 0.002
 """Between two bodies: the preparer (and each worker) idle when the next one arrives, as with one client."""
 
@@ -61,25 +55,22 @@ async def passes_ms(preparer: Preparer, settings: PrepareSettings, bodies: list[
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    vocabulary = build_tokenizer()
-    bodies = [orjson.dumps(body) for body in make_records(vocabulary, args.records, seed=0, tokens=args.tokens)]
-    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), MAX_LENGTH)
+    vocabulary, bodies = sized_bodies(args.records, args.tokens)
     result: dict[str, Any] = {"records": len(bodies), "ms_per_body": {}}
     with tempfile.TemporaryDirectory() as folder:
-        vocabulary.backend_tokenizer.save(str(Path(folder) / TOKENIZER_FILE))
-        release_tokenizer = ReleaseTokenizer(folder)
+        tokenizer = release_tokenizer(vocabulary, Path(folder))  # the pool's workers load it from the folder too
         timed = result["ms_per_body"]
         timed["thread, transformers tokenizer"] = await passes_ms(
-            InProcessPreparer(vocabulary), settings, bodies, args.repeats
+            InProcessPreparer(vocabulary), SETTINGS, bodies, args.repeats
         )
         timed["thread, release tokenizer"] = await passes_ms(
-            InProcessPreparer(release_tokenizer), settings, bodies, args.repeats
+            InProcessPreparer(tokenizer), SETTINGS, bodies, args.repeats
         )
         for processes in args.processes:
-            pool = EncodePool(Path(folder), processes, release_tokenizer)
+            pool = EncodePool(Path(folder), processes, tokenizer)
             try:
-                await pool.start(settings)
-                timed[f"{processes} worker process(es)"] = await passes_ms(pool, settings, bodies, args.repeats)
+                await pool.start(SETTINGS)
+                timed[f"{processes} worker process(es)"] = await passes_ms(pool, SETTINGS, bodies, args.repeats)
             finally:
                 pool.close()
     return result
