@@ -4,23 +4,13 @@ tokenized once: a body costs fewer tokenizer calls than its prompt has pieces.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.scripts import run_bench
 
 
 def test_encode_benchmark_prints_the_time_and_tokenizer_calls_per_body() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.encode_benchmark", "--records", "8", "--repeats", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.splitlines()[0])
+    stdout = run_bench("encode_benchmark", "--records", "8", "--repeats", "1")
+    result = json.loads(stdout.splitlines()[0])
     assert result["records"] == 8 and 400 < result["prompt_tokens_mean"] < 700
     assert result["ms_per_body"] > 0
     # Each question of these records has a heading, an instruction and options: without the template's pieces

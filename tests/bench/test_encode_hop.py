@@ -4,23 +4,13 @@ through the predictor's own preparers (a worker pool that failed its start would
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.scripts import run_bench
 
 
 def test_encode_hop_prints_the_round_trip_of_each_preparer() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.encode_hop", "--records", "6", "--repeats", "2", "--processes", "1,2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.splitlines()[0])
+    stdout = run_bench("encode_hop", "--records", "6", "--repeats", "2", "--processes", "1,2")
+    result = json.loads(stdout.splitlines()[0])
     assert result["records"] == 6
     timed = result["ms_per_body"]
     assert list(timed) == [
