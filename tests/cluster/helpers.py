@@ -33,22 +33,29 @@ def apply_readme_decision(kube: Kube) -> dict[str, Any]:
             "the README's ClefDecision to be Ready",
             timeout=180,
         )
-    except pytest.fail.Exception as exc:  # say what the cluster looked like: the decision, its pods, the nodes
-        shown = [
-            kube.run(*args, check=False).stdout
-            for args in (
-                ("get", "clefdecision", "clef-flash", f"--namespace={README_NS}", "-o", "jsonpath={.status}"),
-                ("get", "pods,deployments", f"--namespace={README_NS}", "-o", "wide"),
-                ("get", "events", f"--namespace={README_NS}", "--sort-by=.lastTimestamp"),
-                (
-                    "get",
-                    "nodes",
-                    "-o",
-                    "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints,READY:.status.conditions[-1].status",
-                ),
-            )
-        ]
-        pytest.fail(f"{exc}\n" + "\n".join(shown))
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n{cluster_picture(kube, README_NS, 'clef-flash')}")
+
+
+def cluster_picture(kube: Kube, namespace: str, decision: str) -> str:
+    """What a wait for a ClefDecision to serve failed on: the decision's status, the namespace's InferenceServices,
+    Deployments, ReplicaSets, pods (with their Ready condition) and events, and the nodes (Ready, taints)."""
+    ready = '{.status.conditions[?(@.type=="Ready")].status}'
+    pods = (
+        f'{{range .items[*]}}{{.metadata.name}} on {{.spec.nodeName}}: {{.status.phase}}, Ready {ready}{{"\\n"}}{{end}}'
+    )
+    nodes = f'{{range .items[*]}}{{.metadata.name}}: Ready {ready}, taints {{.spec.taints[*].key}}{{"\\n"}}{{end}}'
+    shown = [
+        kube.run(*args, check=False).stdout
+        for args in (
+            ("get", "clefdecision", decision, f"--namespace={namespace}", "-o", "jsonpath={.status}"),
+            ("get", "inferenceservices,deployments,replicasets", f"--namespace={namespace}", "-o", "wide"),
+            ("get", "pods", f"--namespace={namespace}", "-o", f"jsonpath={pods}"),
+            ("get", "events", f"--namespace={namespace}", "--sort-by=.lastTimestamp"),
+            ("get", "nodes", "-o", f"jsonpath={nodes}"),
+        )
+    ]
+    return "\n".join(shown)
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:

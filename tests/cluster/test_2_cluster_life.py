@@ -16,7 +16,7 @@ import yaml
 
 from clef_cluster.faults import crash_pod
 from clef_cluster.nodes import GpuPool
-from tests.cluster.helpers import condition, is_ready, pod_ready, pods_of, pool_status
+from tests.cluster.helpers import cluster_picture, condition, is_ready, pod_ready, pods_of, pool_status
 from tests.cluster.kube import DELETE_WAIT, Kube, Operator
 from tests.polling import eventually
 
@@ -56,17 +56,22 @@ def get_decision(kube: Kube, name: str) -> dict[str, Any] | None:
     return kube.get("clefdecision", name, name)
 
 
-def wait_serving(kube: Kube, name: str, pool: str) -> dict[str, Any]:
-    """Wait until the pool's predictor pods run Ready on the pool's nodes and the ClefDecision is Ready."""
+def wait_serving(kube: Kube, name: str, pool: str, replicas: int = 1, timeout: float = 120) -> dict[str, Any]:
+    """Wait until at least ``replicas`` predictor pods of the pool run, all Ready on the pool's nodes, and the
+    ClefDecision is Ready; a timeout shows the namespace's objects and the nodes."""
     isvc = f"{name}-{pool}"
 
     def served() -> bool:
         pods = pods_of(kube, isvc, name)
         nodes = {n["metadata"]["name"] for n in kube.get("nodes", selector=f"{LABEL_KEY}={pool}")}
-        on_pool = bool(pods) and all(pod_ready(p) and p["spec"].get("nodeName") in nodes for p in pods)
+        on_pool = len(pods) >= replicas and all(pod_ready(p) and p["spec"].get("nodeName") in nodes for p in pods)
         return on_pool and is_ready(get_decision(kube, name))
 
-    eventually(served, f"{isvc}'s pods to be Ready on {pool}'s nodes and {name} to be Ready", timeout=120)
+    what = f"{replicas} of {isvc}'s pods to be Ready on {pool}'s nodes and {name} to be Ready"
+    try:
+        eventually(served, what, timeout=timeout)
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n{cluster_picture(kube, name, name)}")
     return pool_status(get_decision(kube, name))[pool]
 
 
