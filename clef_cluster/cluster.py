@@ -4,7 +4,8 @@
 ports) -> kube-apiserver (on the host's end of the namespace's link, a free port) (Node and RBAC authorizers,
 service-account tokens signed with a key made here, the default admission plugins plus
 OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default controller, each with its own
-service-account credentials) -> kube-scheduler -> kwok (fake nodes) -> the fake GPU node pools -> optionally
+service-account credentials) -> kube-scheduler -> kwok (fake nodes; clef_cluster.kwok: its pod stages) -> the fake
+GPU node pools -> optionally
 KServe's manager in Standard (RawDeployment) mode with its webhooks registered -> optionally the real node
 (clef_cluster.node: containerd, kubelet, kube-proxy in the namespace) -> optionally the metrics pipeline
 (clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving custom.metrics.k8s.io)
@@ -18,7 +19,7 @@ crashed cleans that one up first.
 
 One module of ~650 lines on purpose: the start order of ``up`` and the stop order of ``down`` read from one
 place, over one state record; what each component needs in detail lives in its own module (netns, pki, node,
-kserve, metrics, adapter, keda).
+kwok, kserve, metrics, adapter, keda).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from clef_cluster import adapter, keda, kserve, metrics, netns, nodes, pki
+from clef_cluster import adapter, keda, kserve, kwok, metrics, netns, nodes, pki
 from clef_cluster.build import KSERVE_MANAGER, build
 from clef_cluster.netns import SERVICE_CIDR, NodeNetwork
 from clef_cluster.node import NAME as NODE_NAME
@@ -388,6 +389,7 @@ def _start_control_plane(cluster: Cluster, bins: Path) -> None:
             "--disregard-status-with-label-selector=",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{cluster.ports['kwok']}",
+            f"--config={kwok.write_config(folder / 'kwok.yaml')}",
         ],
         env={**os.environ, "HOME": str(folder)},
     )  # HOME: no user-wide ~/.kwok configuration

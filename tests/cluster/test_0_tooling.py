@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from clef_cluster import __main__ as cli
-from clef_cluster import adapter, keda, nodes, oci, pki, pod_targets
+from clef_cluster import adapter, keda, kwok, nodes, oci, pki, pod_targets
 from clef_cluster.pod_targets import PATH, PORT, SCRAPE
 from clef_cluster.processes import start, stop
 from clef_operator.constants import GPU_RESOURCE, POOL_LABEL_KEYS
@@ -43,6 +43,12 @@ def test_fake_pools_are_what_the_operator_reads() -> None:
     assert unpooled == []
     assert {name for name, d in decisions.items() if d.eligible} == FP8_POOLS
     assert {name for name, d in decisions.items() if not d.eligible} == TOO_OLD_POOLS
+
+
+def test_kwok_runs_its_default_pod_stages_and_a_kubelets_status_sync() -> None:
+    """kwok's own default pod stages, read from its module, and the stage that makes a pod Ready again."""
+    names = [stage["metadata"]["name"] for stage in kwok.pod_stages()]
+    assert names == ["pod-ready", "pod-complete", "pod-delete", kwok.READY_AGAIN["metadata"]["name"]]
 
 
 def test_certificates_chain_to_the_authority(tmp_path: Path) -> None:

@@ -330,6 +330,26 @@ def test_a_crashing_predictor_makes_the_decision_not_ready(
     wait_serving(kube, "life-crash", "crash")
 
 
+def test_a_pod_marked_not_ready_by_the_node_controller_is_ready_again(
+    kube: Kube, operator: Operator, nodes_to_remove: list[str]
+) -> None:
+    """What kube-controller-manager writes when a node's heartbeats stop reaching it (an API-server outage longer
+    than the node grace period): the pod's Ready condition False. The node reports the same pod Ready again at its
+    next status sync, as a kubelet does, and the decision is Ready with it."""
+    serving_pool(kube, nodes_to_remove, "life-unready", "unready")
+    (pod,) = pods_of(kube, "life-unready-unready", "life-unready")
+    name = pod["metadata"]["name"]
+    marked = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}}
+    written = kube.run(
+        "patch", "pod", name, "-n", "life-unready", "--subresource=status", "-p", json.dumps(marked), "-o", "json"
+    )
+    assert not is_ready(json.loads(written.stdout)), "the pod was not marked not Ready"
+    eventually(lambda: pod_ready(kube.get("pod", name, "life-unready")), "the pod to be Ready again", timeout=60)
+    wait_serving(kube, "life-unready", "unready")
+    (again,) = pods_of(kube, "life-unready-unready", "life-unready")
+    assert again["metadata"]["uid"] == pod["metadata"]["uid"], "the same pod is Ready again, not a new one"
+
+
 def test_decision_deleted_while_the_operator_is_down(
     kube: Kube, operator: Operator, nodes_to_remove: list[str]
 ) -> None:
