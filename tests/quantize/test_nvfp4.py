@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from bench.agreement import question_agreement
 from clef_head.checkpoint import HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE
@@ -22,6 +21,7 @@ from clef_head.request import parse_request
 from clef_tools.quantize import IGNORE, quantize_release
 from clef_tools.sized_records import make_records
 from predictor.engines.reference import TransformersScorer
+from tests.quantize.backbone import backbone_tensors
 
 # Written independently of clef_tools.quantize: vLLM's fused GEMMs, as (layer prefix, member) patterns.
 FUSED = re.compile(
@@ -61,16 +61,6 @@ def nvfp4_release(toy_release: Path, tmp_path_factory: pytest.TempPathFactory) -
     return destination
 
 
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        if path.name == HEAD_WEIGHTS_FILE:
-            continue
-        with safe_open(str(path), framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})  # noqa: SIM118 (not iterable)
-    return tensors
-
-
 def _fp4_values(packed: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (two per byte, low nibble first) as float values: sign bit, then 0, .5, 1, 1.5, 2, 3, 4, 6."""
     magnitudes = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -99,7 +89,7 @@ def test_config_carries_the_nvfp4_scheme(nvfp4_release: Path) -> None:
 
 
 def test_fused_groups_share_global_scales(toy_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(toy_release), _tensors(nvfp4_release)
+    source, output = backbone_tensors(toy_release), backbone_tensors(nvfp4_release)
     groups: dict[str, list[str]] = defaultdict(list)
     for name in output:
         match = FUSED.match(name.removesuffix(".weight_packed"))
@@ -122,7 +112,7 @@ def test_fused_groups_share_global_scales(toy_release: Path, nvfp4_release: Path
 
 
 def test_dequantized_weights_are_within_fp4_rounding(toy_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(toy_release), _tensors(nvfp4_release)
+    source, output = backbone_tensors(toy_release), backbone_tensors(nvfp4_release)
     modules = [name.removesuffix(".weight_packed") for name in output if name.endswith(".weight_packed")]
     assert len(modules) == 25
     for module in modules:
@@ -146,7 +136,7 @@ def test_dequantized_weights_are_within_fp4_rounding(toy_release: Path, nvfp4_re
 
 
 def test_kept_layers_stay_bf16(toy_release: Path, nvfp4_release: Path) -> None:
-    source, output = _tensors(toy_release), _tensors(nvfp4_release)
+    source, output = backbone_tensors(toy_release), backbone_tensors(nvfp4_release)
     kept = [name for name in source if re.search(r"(^lm_head\.|\.linear_attn\.in_proj_[ab]\.|^model\.visual\.)", name)]
     assert any(name.startswith("lm_head.") for name in kept) and any("in_proj_a" in name for name in kept)
     for name in kept:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from bench.agreement import question_agreement
 from clef_head.checkpoint import HEAD_CONFIG_FILE, HEAD_SUBFOLDER, HEAD_WEIGHTS_FILE, RANDOM_MARKER
@@ -20,6 +19,7 @@ from clef_head.request import parse_request
 from clef_tools.quantize import IGNORE, RECIPE_FILE, QuantizationError, quantize_release
 from clef_tools.sized_records import make_records
 from predictor.engines.reference import TransformersScorer
+from tests.quantize.backbone import backbone_tensors
 
 # Written independently of clef_tools.quantize: the backbone's Linear layers that must be FP8.
 FP8_LINEAR = re.compile(
@@ -48,17 +48,6 @@ def fp8_release(toy_release: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return destination
 
 
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """The backbone's tensors (every safetensors file at the root but the head's)."""
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        if path.name == HEAD_WEIGHTS_FILE:
-            continue
-        with safe_open(str(path), framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})  # noqa: SIM118 (not iterable)
-    return tensors
-
-
 def test_config_carries_the_fp8_dynamic_scheme(fp8_release: Path) -> None:
     config = json.loads((fp8_release / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "compressed-tensors"
@@ -79,7 +68,7 @@ def test_config_carries_the_fp8_dynamic_scheme(fp8_release: Path) -> None:
 
 
 def test_linear_weights_are_fp8_with_channel_scales(toy_release: Path, fp8_release: Path) -> None:
-    source, output = _tensors(toy_release), _tensors(fp8_release)
+    source, output = backbone_tensors(toy_release), backbone_tensors(fp8_release)
     linear = {  # 2-D weights but the token embedding: Linear layers (and the vision tower's embeddings)
         name.removesuffix(".weight")
         for name, tensor in source.items()
