@@ -5,12 +5,11 @@ ports) -> kube-apiserver (on the host's end of the namespace's link, a free port
 service-account tokens signed with a key made here, the default admission plugins plus
 OwnerReferencesPermissionEnforcement) -> kube-controller-manager (every default controller, each with its own
 service-account credentials) -> kube-scheduler -> kwok (fake nodes; clef_cluster.kwok: its pod stages) -> the fake
-GPU node pools -> optionally
-KServe's manager in Standard (RawDeployment) mode with its webhooks registered -> optionally the real node
-(clef_cluster.node: containerd, kubelet, kube-proxy in the namespace) -> optionally the metrics pipeline
-(clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving custom.metrics.k8s.io)
--> optionally KEDA (clef_cluster.keda: its CRDs and roles, its operator, its metrics server serving
-external.metrics.k8s.io).
+GPU node pools -> optionally KServe's manager in Standard (RawDeployment) mode with its webhooks registered ->
+optionally the real node (clef_cluster.node: containerd, kubelet, kube-proxy in the namespace) -> optionally the
+metrics pipeline (clef_cluster.metrics: Prometheus scraping the annotated pods, prometheus-adapter serving
+custom.metrics.k8s.io) -> optionally KEDA (clef_cluster.keda: its CRDs and roles, its operator, its metrics server
+serving external.metrics.k8s.io).
 The API server's aggregation layer is configured (a front-proxy CA and its client, the requestheader flags) so
 that aggregated APIs such as the adapter's know who calls them. Every process and port, and the namespace's
 slot, are recorded in ``<folder>/state.json``; ``down`` stops exactly those processes, newest first, then removes

@@ -67,7 +67,7 @@ def wait_serving(kube: Kube, name: str, pool: str, replicas: int = 1, timeout: f
         on_pool = len(pods) >= replicas and all(pod_ready(p) and p["spec"].get("nodeName") in nodes for p in pods)
         return on_pool and is_ready(get_decision(kube, name))
 
-    what = f"{replicas} of {isvc}'s pods to be Ready on {pool}'s nodes and {name} to be Ready"
+    what = f"{isvc}'s pods (at least {replicas}) to be Ready on {pool}'s nodes and {name} to be Ready"
     try:
         eventually(served, what, timeout=timeout)
     except pytest.fail.Exception as exc:
