@@ -39,17 +39,19 @@ def apply_readme_decision(kube: Kube) -> dict[str, Any]:
 
 def cluster_picture(kube: Kube, namespace: str, decision: str) -> str:
     """What a wait for a ClefDecision to serve failed on: the decision's status, the namespace's InferenceServices,
-    Deployments, ReplicaSets, pods (with their Ready condition) and events, and the nodes (Ready, taints)."""
+    Deployments, ReplicaSets, pods (with their Ready condition) and events, and the nodes (Ready, taints); what
+    kubectl said instead where a read failed."""
     ready = '{.status.conditions[?(@.type=="Ready")].status}'
     pods = (
         f'{{range .items[*]}}{{.metadata.name}} on {{.spec.nodeName}}: {{.status.phase}}, Ready {ready}{{"\\n"}}{{end}}'
     )
     nodes = f'{{range .items[*]}}{{.metadata.name}}: Ready {ready}, taints {{.spec.taints[*].key}}{{"\\n"}}{{end}}'
     shown = [
-        kube.run(*args, check=False).stdout
+        (done := kube.run(*args, check=False)).stdout or done.stderr
         for args in (
             ("get", "clefdecision", decision, f"--namespace={namespace}", "-o", "jsonpath={.status}"),
-            ("get", "inferenceservices,deployments,replicasets", f"--namespace={namespace}", "-o", "wide"),
+            ("get", "inferenceservices", f"--namespace={namespace}", "-o", "wide"),  # none without KServe
+            ("get", "deployments,replicasets", f"--namespace={namespace}", "-o", "wide"),
             ("get", "pods", f"--namespace={namespace}", "-o", f"jsonpath={pods}"),
             ("get", "events", f"--namespace={namespace}", "--sort-by=.lastTimestamp"),
             ("get", "nodes", "-o", f"jsonpath={nodes}"),
