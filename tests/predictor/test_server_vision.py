@@ -35,6 +35,15 @@ QUESTIONS: dict[str, Any] = {
     "kind": {"type": "choice", "criteria": {"box": "a cardboard box", "envelope": None, "tube": None}},
     "size": {"type": "score", "criteria": ["small", "medium", "large"]},
 }
+# JSON assets and images in one body, as the TypeSafe SDK sends them, and the state the release code reads for it.
+ASSETS_BODY: dict[str, Any] = {
+    "model": MODEL_NAME,
+    "state": "Parcel <p> arrived; label attached.",
+    "questions": QUESTIONS,
+    "images": [f"data:image/jpeg;base64,{base64.b64encode(SCAN).decode()}"],
+    "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
+}
+ASSETS_STATE = "Parcel [image 2] arrived; label attached."
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +144,9 @@ def test_sdk_image_is_answered_as_the_original_answers(server: Predictor, origin
 def test_json_assets_and_images_are_answered_byte_for_byte(
     server: Predictor, original: Any, reference: ModuleType
 ) -> None:
-    body = {
-        "model": MODEL_NAME,
-        "state": "Parcel <p> arrived; label attached.",
-        "questions": QUESTIONS,
-        "images": [f"data:image/jpeg;base64,{base64.b64encode(SCAN).decode()}"],
-        "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
-    }
-    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    response = httpx.post(f"{server.url}/v1/systemone", json=ASSETS_BODY, timeout=300)
     assert response.status_code == 200, response.text
-    theirs = _original_answer(original, reference, "Parcel [image 2] arrived; label attached.", [SCAN, PHOTO])
+    theirs = _original_answer(original, reference, ASSETS_STATE, [SCAN, PHOTO])
     assert _without_request_id(response.json()) == theirs
 
 

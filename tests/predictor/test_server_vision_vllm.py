@@ -24,6 +24,8 @@ from predictor.serving.lifecycle import ENGINE_DEAD_EXIT_CODE
 from tests.plugin.conftest import LARGEST_TEST_MEDIA, TOLERANCE
 from tests.predictor.conftest import MODEL_NAME, Predictor, simple_request, start_predictor, stop
 from tests.predictor.test_server_vision import (
+    ASSETS_BODY,
+    ASSETS_STATE,
     CLIP,
     DASHCAM,
     IMAGE_STEP,
@@ -115,16 +117,9 @@ def test_the_warm_up_sends_a_small_image_through_vllms_multimodal_path_before_re
 def test_json_assets_and_images_are_answered_as_the_original(
     server: Predictor, original: Any, reference: ModuleType
 ) -> None:
-    body = {
-        "model": MODEL_NAME,
-        "state": "Parcel <p> arrived; label attached.",
-        "questions": QUESTIONS,
-        "images": [f"data:image/jpeg;base64,{base64.b64encode(SCAN).decode()}"],
-        "assets": {"<p>": {"type": "image", "format": "png", "data_base64": base64.b64encode(PHOTO).decode()}},
-    }
-    response = httpx.post(f"{server.url}/v1/systemone", json=body, timeout=300)
+    response = httpx.post(f"{server.url}/v1/systemone", json=ASSETS_BODY, timeout=300)
     assert response.status_code == 200, response.text
-    theirs = _original_answer(original, reference, "Parcel [image 2] arrived; label attached.", [SCAN, PHOTO])
+    theirs = _original_answer(original, reference, ASSETS_STATE, [SCAN, PHOTO])
     _assert_close(response.json(), theirs)
 
 
