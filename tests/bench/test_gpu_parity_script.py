@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from clef_head.layout import QuestionLayout, RecordLayout
+from tests.bench.scripts import run_bench
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "plugin_gpu_parity.py"
@@ -30,14 +30,8 @@ def script() -> ModuleType:
 
 def test_help_runs_without_a_gpu() -> None:
     """``--help`` lists the cases."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.plugin_gpu_parity", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "bf16-eager" in result.stdout and "fp8-graph" in result.stdout
+    stdout = run_bench("plugin_gpu_parity", "--help")
+    assert "bf16-eager" in stdout and "fp8-graph" in stdout
 
 
 def test_arguments(script: ModuleType) -> None:
