@@ -23,6 +23,13 @@ STAGE_SECONDS = Histogram(
     ["stage"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+ENCODE_BODIES = Counter(
+    "clef_encode_bodies_total",
+    "Request bodies handed to the encode stage, by where they were prepared: worker (an encode worker process, "
+    "--encode-processes) or serving (a thread of the serving process: --encode-processes 0, or a lone small body, "
+    "--inline-encode-max-bytes).",
+    ["where"],
+)
 RECORDS = Counter("clef_records_total", "System One records scored (a V1/V2 request may hold several).")
 INPUT_TOKENS = Counter("clef_input_tokens_total", "Prompt tokens of scored records.")
 PROMPT_TOKENS = Histogram(

@@ -15,7 +15,13 @@ from predictor.http.api_config import ApiConfig, GrpcConfig, KServeServerConfig
 from predictor.http.auth import API_KEYS_ENV
 from predictor.http.server import HttpLimits
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS
-from predictor.serving.encode_pool import CORES_PER_AUTO_PROCESS, MAX_AUTO_PROCESSES, auto_encode_processes, usable_cpus
+from predictor.serving.encode_pool import (
+    CORES_PER_AUTO_PROCESS,
+    DEFAULT_INLINE_ENCODE_MAX_BYTES,
+    MAX_AUTO_PROCESSES,
+    auto_encode_processes,
+    usable_cpus,
+)
 from predictor.serving.request_policy import RequestPolicy
 
 DEFAULTS = ApiConfig()
@@ -121,6 +127,15 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         f"the serving process. auto: 0 without a GPU (a CPU engine's forward passes need every core), else one "
         f"per {CORES_PER_AUTO_PROCESS} CPUs, at most {MAX_AUTO_PROCESSES}. A worker holds the tokenizer, not the model",
     )
+    group.add_argument(
+        "--inline-encode-max-bytes",
+        type=int,
+        default=DEFAULT_INLINE_ENCODE_MAX_BYTES,
+        metavar="BYTES",
+        help="with encode workers, a text server's body of at most this size that comes while no other request is "
+        "being prepared or answered is prepared in the serving process: its hop to a worker would cost a lone "
+        "request more than its encoding. 0: every body goes to the workers",
+    )
 
 
 def encode_processes(value: str) -> int | str:
@@ -151,6 +166,8 @@ def check_api_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--header-timeout and --body-timeout must be positive")
     if args.max_connections < 1:
         parser.error("--max-connections must be at least 1")
+    if args.inline_encode_max_bytes < 0:
+        parser.error("--inline-encode-max-bytes must be 0 or more")
 
 
 def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:

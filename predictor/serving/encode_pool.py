@@ -16,6 +16,11 @@ On a server that reads images and videos, the probe carries a small image and a 
 image a process reads loads the release's processors (importing transformers and torch: seconds on a CPU, tens
 of seconds on a loaded GPU host), so each worker, and the serving process with ``--encode-processes 0``, pays
 that before the model is ready rather than on a client's first image.
+
+With workers, a small body that comes while the server has nothing else to do is still prepared in a thread of the
+serving process, with the engine's tokenizer (``run(..., inline=True)``; the service decides when:
+``--inline-encode-max-bytes``): the hop to a worker and back costs a lone request more than its encoding
+(BENCHMARKS.md, R39), and with no other request in flight the interpreter lock it holds meanwhile delays nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ MAX_AUTO_PROCESSES = 4
 CORES_PER_AUTO_PROCESS = 4
 PROBE_MAX_LENGTH = 1 << 20
 JOB_DEADLINE_S = 60
+DEFAULT_INLINE_ENCODE_MAX_BYTES = 64 * 1024
+"""``--inline-encode-max-bytes``'s default: a body of ~16,000 prompt tokens, prepared in a few milliseconds."""
 #: A small valid body every started worker encodes, to compare its prompt with the engine tokenizer's
 #: (accents, CJK, Cyrillic, an emoji, a special token, digits, runs of whitespace).
 PROBE_BODY: dict[str, Any] = {
@@ -120,8 +127,8 @@ class InProcessPreparer:
         if settings.vision is not None:
             await self.run(prepare.prepare, probe_settings(settings), probe_body(settings))
 
-    async def run(self, job: Callable[..., T], *args: Any) -> T:
-        """``job(tokenizer, *args)`` in a worker thread."""
+    async def run(self, job: Callable[..., T], *args: Any, inline: bool = False) -> T:
+        """``job(tokenizer, *args)`` in a worker thread (``inline``: the same, every job runs in this process)."""
         return await asyncio.to_thread(job, self.tokenizer, *args)
 
     def close(self) -> None:
@@ -194,12 +201,15 @@ class EncodePool:
                     f"an encode worker's tokenizer (from {self.release_dir}) encodes differently from the engine's"
                 )
 
-    async def run(self, job: Callable[..., T], *args: Any) -> T:
+    async def run(self, job: Callable[..., T], *args: Any, inline: bool = False) -> T:
         """``job(tokenizer, *args)`` in a worker; 503 (``encoder_died``) when the worker died meanwhile.
-        A pool found broken before the job is submitted (a worker died idle) is replaced first."""
+        A pool found broken before the job is submitted (a worker died idle) is replaced first.
+        ``inline``: in a thread of this process with the engine's tokenizer instead (a lone small body)."""
         pool = self._pool
         if pool is None or self._closed:
             raise Unavailable("the encode workers are not running", "encoder_died", ENCODER_DIED_RETRY_AFTER_S)
+        if inline:
+            return await asyncio.to_thread(job, self.engine_tokenizer, *args)
         loop = asyncio.get_running_loop()
         try:
             pending = loop.run_in_executor(pool, prepare.run_in_worker, job, *args)

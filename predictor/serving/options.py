@@ -13,7 +13,7 @@ from pathlib import Path
 from clef_head.request import DEFAULT_LIMITS, RequestLimits
 from predictor.engines.base import Engine
 from predictor.serving.body_limits import DEFAULT_MAX_BATCH_ITEMS, DEFAULT_MAX_QUEUE_WAIT_S
-from predictor.serving.encode_pool import EncodePool, InProcessPreparer, Preparer
+from predictor.serving.encode_pool import DEFAULT_INLINE_ENCODE_MAX_BYTES, EncodePool, InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
 from predictor.serving.prepare import VisionSettings
 from predictor.serving.request_policy import RequestPolicy
@@ -24,7 +24,8 @@ from predictor.serving.service import ModelCard, SystemOneService
 class ServingOptions:
     """How the model serves: warm-up, admission bounds (records queued, expected wait in seconds), answer
     cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
-    tokenizer of ``release_dir`` (0: a thread of the serving process), and the most System One requests one
+    tokenizer of ``release_dir`` (0: a thread of the serving process) but for lone bodies of at most
+    ``inline_encode_max_bytes`` (:meth:`SystemOneService.lone`), and the most System One requests one
     V1/V2 body may hold (``max_batch_items``, as the batch route); ``policy``: the names served and what an
     over-long state gets; ``vision``: images are read (``None``: text only, images refused)."""
 
@@ -35,6 +36,7 @@ class ServingOptions:
     exit_on_engine_death: bool = True
     encode_processes: int = 0
     release_dir: Path | None = None
+    inline_encode_max_bytes: int = DEFAULT_INLINE_ENCODE_MAX_BYTES
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
     max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
     policy: RequestPolicy = RequestPolicy()
@@ -78,4 +80,5 @@ def build_service(
         max_wait_s=options.max_queue_wait_s,
         policy=options.policy,
         vision=options.vision,
+        inline_encode_max_bytes=options.inline_encode_max_bytes,
     )

@@ -7,7 +7,8 @@ server is, and only valid work is shed. Admission is bounded: ``max_queued`` rec
 tokens ahead of a request than the measured service rate (:class:`~predictor.serving.admission.ServiceRate`, tokens
 per busy second) answers within ``max_wait_s``; beyond either, :class:`Unavailable` ``overloaded`` with Retry-After;
 identical prompts are scored once, and a body identical to one answered before is answered without being
-read again (:class:`~predictor.serving.answer_cache.AnswerCache`).
+read again (:class:`~predictor.serving.answer_cache.AnswerCache`). With encode workers, a small raw body that comes
+while no other request is being prepared or answered is prepared in this process (:meth:`SystemOneService.lone`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from predictor.serving import prepare
 from predictor.serving.admission import ServiceRate, retry_after_s
 from predictor.serving.answer_cache import AnswerCache, body_key, cache_key
 from predictor.serving.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
-from predictor.serving.encode_pool import InProcessPreparer, Preparer
+from predictor.serving.encode_pool import DEFAULT_INLINE_ENCODE_MAX_BYTES, InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
 from predictor.serving.prepare import Prepared, PrepareSettings, VisionSettings
 from predictor.serving.request_policy import DEFAULT_POLICY, RequestPolicy
@@ -84,6 +85,7 @@ class SystemOneService:
         max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
         policy: RequestPolicy = DEFAULT_POLICY,
         vision: VisionSettings | None = None,
+        inline_encode_max_bytes: int = DEFAULT_INLINE_ENCODE_MAX_BYTES,
     ) -> None:
         self.engine = engine
         self.vision = vision
@@ -96,7 +98,11 @@ class SystemOneService:
             raise ValueError("max_queued must be at least 1")
         if max_wait_s <= 0:
             raise ValueError("max_wait_s must be positive")
+        if inline_encode_max_bytes < 0:
+            raise ValueError("inline_encode_max_bytes must be 0 or more")
         self.max_wait_s = max_wait_s
+        self.inline_encode_max_bytes = inline_encode_max_bytes
+        self.preparing = 0
         self.rate = ServiceRate()
         self.preparer: Preparer = preparer if preparer is not None else InProcessPreparer(engine.tokenizer)
         self.cache = AnswerCache(answer_cache_bytes)
@@ -180,11 +186,34 @@ class SystemOneService:
         """What validation and encoding depend on (read when a body is prepared: the policy may change)."""
         return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length, self.vision)
 
-    async def _prepare(self, job: Callable[..., T], *args: Any) -> T:
-        """Run a :mod:`predictor.serving.prepare` job where the preparer runs it; the encode stage's time is the
-        round trip (reading, validating and encoding, plus the hop to a worker process), per record."""
+    def lone(self, size: int | None) -> bool:
+        """Whether a raw body of ``size`` bytes (``None``: parsed bodies) is prepared in this process although
+        encode workers run: a text server's body of at most ``inline_encode_max_bytes`` while no other body is
+        being prepared and no record is being answered. Such a body's hop to a worker costs it more than its
+        encoding (BENCHMARKS.md, R39), and nothing else waits for this process's interpreter meanwhile. Images and
+        videos stay in the workers (the serving process never loads the processors), and so do large bodies (a
+        worker's job deadline ends a hung encode; a thread cannot be ended)."""
+        return (
+            size is not None
+            and self.inline_encode_max_bytes > 0
+            and size <= self.inline_encode_max_bytes
+            and self.vision is None
+            and not self.preparing
+            and not self.queued
+        )
+
+    async def _prepare(self, job: Callable[..., T], *args: Any, size: int | None = None) -> T:
+        """Run a :mod:`predictor.serving.prepare` job where the preparer runs it (``size``: the raw body's bytes,
+        for :meth:`lone`); the encode stage's time is the round trip (reading, validating and encoding, plus the
+        hop to a worker process), per record."""
+        inline = self.lone(size)
+        metrics.ENCODE_BODIES.labels(where="worker" if self.preparer.processes and not inline else "serving").inc()
         started = time.perf_counter()
-        result = await self.preparer.run(job, self.settings, *args)
+        self.preparing += 1
+        try:
+            result = await self.preparer.run(job, self.settings, *args, inline=inline)
+        finally:
+            self.preparing -= 1
         records = len(result) if isinstance(result, list) else 1
         per_record = (time.perf_counter() - started) / max(records, 1)
         for _ in range(records):
@@ -241,7 +270,7 @@ class SystemOneService:
             with self.admitted(1):
                 count_record(kept["usage"]["input_tokens"])
                 return kept
-        request, encoded = await self._prepare(prepare.prepare_json, raw, content_type)
+        request, encoded = await self._prepare(prepare.prepare_json, raw, content_type, size=len(raw))
         with self.admitted(1), self.holding([(request, encoded)]):
             response = await self.score(request, encoded)
         self.cache.keep_response(key, response)
@@ -264,7 +293,7 @@ class SystemOneService:
         errors, however busy the server is.
         """
         self.check_serving()
-        items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items)
+        items = await self._prepare(prepare.prepare_batch_json, raw, content_type, max_items, size=len(raw))
         valid = sum(not isinstance(item, ServiceError) for item in items)
         if not valid:
             return [item for item in items if isinstance(item, ServiceError)]

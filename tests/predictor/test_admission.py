@@ -311,7 +311,7 @@ class SlowPreparer(InProcessPreparer):
         self.clock = clock
         self.seconds = seconds
 
-    async def run(self, job: Any, *args: Any) -> Any:
+    async def run(self, job: Any, *args: Any, inline: bool = False) -> Any:
         self.clock.now += self.seconds
         return job(self.tokenizer, *args)
 

@@ -258,6 +258,8 @@ def server(toy_release: Path, tmp_path_factory: pytest.TempPathFactory, predicto
         "refuse",
         "--encode-processes",
         str(PROCESSES),
+        "--inline-encode-max-bytes",
+        "0",  # every body through the workers, lone ones too: what this module compares with the service in process
     )
     yield running
     workers = encode_workers(running.process.pid)
@@ -303,6 +305,12 @@ def test_answers_and_errors_match_the_in_process_service(
         headers={"content-type": "application/json", "content-encoding": "gzip"},
     )
     assert (compressed.status_code, compressed.json()) == in_process["sample 3"]
+    prepared = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("clef_encode_bodies_total{")
+    }
+    assert prepared.get("serving", 0.0) == 0.0 and prepared["worker"] >= len(bodies_to_compare())
 
 
 def test_batch_and_kserve_routes(client: httpx.Client, in_process: dict[str, tuple[int, Any]]) -> None:
@@ -368,3 +376,109 @@ def test_encode_stage_is_observed_per_record(client: httpx.Client) -> None:
         == 200
     )
     assert encode_count() == before + 4
+
+
+def bodies_prepared() -> dict[str, float]:
+    """``clef_encode_bodies_total`` of this process, by where the bodies were prepared."""
+    from prometheus_client import REGISTRY
+
+    return {
+        where: REGISTRY.get_sample_value("clef_encode_bodies_total", {"where": where}) or 0.0
+        for where in ("serving", "worker")
+    }
+
+
+def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
+    toy_release: Path, in_process: dict[str, tuple[int, Any]]
+) -> None:
+    """With workers, a small body that comes while nothing else is prepared or answered is prepared in the serving
+    process with the engine's tokenizer (its hop to a worker costs a lone request more than its encoding); a body
+    that comes while another is being prepared, a body over ``--inline-encode-max-bytes`` and parsed bodies (the
+    KServe routes) go to the workers. Answers and errors are the same either way."""
+    import torch
+
+    from predictor.engines.transformers import TransformersEngine
+    from predictor.serving.encode_pool import DEFAULT_INLINE_ENCODE_MAX_BYTES, EncodePool
+    from predictor.serving.lifecycle import Lifecycle, Phase
+    from predictor.serving.request_policy import RequestPolicy
+    from predictor.serving.service import ModelCard, SystemOneService
+
+    engine = TransformersEngine(toy_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    pool = EncodePool(toy_release, 1, engine.tokenizer)
+    service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle, preparer=pool)
+    service.policy = RequestPolicy(aliases=(SDK_DEFAULT_MODEL,), state_overflow="refuse")  # as in_process's
+    assert service.inline_encode_max_bytes == DEFAULT_INLINE_ENCODE_MAX_BYTES
+    raw = bodies_to_compare()
+
+    async def answered(name: str) -> tuple[int, Any]:
+        try:
+            return 200, json.loads(json.dumps(await service.answer_json(raw[name], "application/json")))
+        except ServiceError as error:
+            return http_result(error)
+
+    def prepared_since(before: dict[str, float]) -> dict[str, float]:
+        return {where: count - before[where] for where, count in bodies_prepared().items()}
+
+    async def scenario() -> None:
+        await engine.start()
+        await pool.start(service.settings)
+        for lone in ("sample 0", "bad field", "state too long"):
+            before = bodies_prepared()
+            assert await answered(lone) == in_process[lone], lone
+            assert prepared_since(before) == {"serving": 1.0, "worker": 0.0}, lone
+        before = bodies_prepared()
+        together = await asyncio.gather(answered("sample 1"), answered("sample 2"))
+        assert list(together) == [in_process["sample 1"], in_process["sample 2"]]
+        assert prepared_since(before) == {"serving": 1.0, "worker": 1.0}  # the second came while the first was
+        service.inline_encode_max_bytes = len(raw["sample 3"]) - 1
+        before = bodies_prepared()
+        assert await answered("sample 3") == in_process["sample 3"]
+        assert prepared_since(before) == {"serving": 0.0, "worker": 1.0}
+        service.inline_encode_max_bytes = DEFAULT_INLINE_ENCODE_MAX_BYTES
+        before = bodies_prepared()
+        [parsed] = await service.answer_many([json.loads(raw["simple"])], [""])
+        assert json.loads(json.dumps(parsed)) == in_process["simple"][1]
+        assert prepared_since(before) == {"serving": 0.0, "worker": 1.0}
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+        engine.close()
+
+
+def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> None:
+    from predictor.serving.lifecycle import Lifecycle
+    from predictor.serving.prepare import VisionSettings
+    from predictor.serving.service import ModelCard, SystemOneService
+
+    class Engine:
+        tokenizer = None
+        capacity = 1
+        max_length = MAX_MODEL_LEN
+
+    service = SystemOneService(
+        Engine(),  # type: ignore[arg-type]
+        ModelCard(MODEL_NAME, "test", "1970-01-01"),
+        Lifecycle(MODEL_NAME),
+        inline_encode_max_bytes=100,
+    )
+    assert service.lone(100) and service.lone(0)
+    assert not service.lone(101) and not service.lone(None)  # larger, or parsed bodies (size unknown)
+    service.preparing = 1
+    assert not service.lone(10)  # another body is being prepared
+    service.preparing, service.queued = 0, 1
+    assert not service.lone(10)  # a record is being answered
+    service.queued, service.vision = 0, VisionSettings(str(toy_release))
+    assert not service.lone(10)  # the serving process never loads the image and video processors
+    service.vision, service.inline_encode_max_bytes = None, 0
+    assert not service.lone(0)
+    with pytest.raises(ValueError, match="inline_encode_max_bytes"):
+        SystemOneService(
+            Engine(),  # type: ignore[arg-type]
+            ModelCard(MODEL_NAME, "test", "1970-01-01"),
+            Lifecycle(MODEL_NAME),
+            inline_encode_max_bytes=-1,
+        )

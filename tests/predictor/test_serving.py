@@ -219,9 +219,9 @@ class CountingPreparer(InProcessPreparer):
         super().__init__(tokenizer)
         self.jobs = 0
 
-    async def run(self, job: Any, *args: Any) -> Any:
+    async def run(self, job: Any, *args: Any, inline: bool = False) -> Any:
         self.jobs += 1
-        return await super().run(job, *args)
+        return await super().run(job, *args, inline=inline)
 
 
 def _hits() -> float:

@@ -372,6 +372,7 @@ def test_predictor_checks_its_own_flags(capsys: pytest.CaptureFixture[str]) -> N
         (["--max-model-len", "32"], "--max-model-len must be at least 64"),
         (["--warmup-rounds", "0"], "--warmup-rounds must be at least 1"),
         (["--release-date", "15/09/2026"], "--release-date '15/09/2026' is not a date written YYYY-MM-DD"),
+        (["--inline-encode-max-bytes", "-1"], "--inline-encode-max-bytes must be 0 or more"),
     ):
         with pytest.raises(SystemExit):
             check_args(parser, parser.parse_args(argv))
