@@ -25,7 +25,7 @@ class ServingOptions:
     """How the model serves: warm-up, admission bounds (records queued, expected wait in seconds), answer
     cache, reaction to engine death, ``encode_processes`` worker processes that prepare bodies with the
     tokenizer of ``release_dir`` (0: a thread of the serving process) but for lone bodies of at most
-    ``inline_encode_max_bytes`` (:meth:`SystemOneService.lone`), and the most System One requests one
+    ``inline_encode_max_bytes`` (:meth:`SystemOneService.prepares_in_process`), and the most System One requests one
     V1/V2 body may hold (``max_batch_items``, as the batch route); ``policy``: the names served and what an
     over-long state gets; ``vision``: images are read (``None``: text only, images refused)."""
 

@@ -8,7 +8,8 @@ tokens ahead of a request than the measured service rate (:class:`~predictor.ser
 per busy second) answers within ``max_wait_s``; beyond either, :class:`Unavailable` ``overloaded`` with Retry-After;
 identical prompts are scored once, and a body identical to one answered before is answered without being
 read again (:class:`~predictor.serving.answer_cache.AnswerCache`). With encode workers, a small raw body that comes
-while no other request is being prepared or answered is prepared in this process (:meth:`SystemOneService.lone`).
+while no other request is being prepared or answered is prepared in this process
+(:meth:`SystemOneService.prepares_in_process`).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class SystemOneService:
         """What validation and encoding depend on (read when a body is prepared: the policy may change)."""
         return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length, self.vision)
 
-    def lone(self, size: int | None) -> bool:
+    def prepares_in_process(self, size: int | None) -> bool:
         """Whether a raw body of ``size`` bytes (``None``: parsed bodies) is prepared in this process although
         encode workers run: a text server's body of at most ``inline_encode_max_bytes`` while no other body is
         being prepared and no record is being answered. Such a body's hop to a worker costs it more than its
@@ -204,9 +205,9 @@ class SystemOneService:
 
     async def _prepare(self, job: Callable[..., T], *args: Any, size: int | None = None) -> T:
         """Run a :mod:`predictor.serving.prepare` job where the preparer runs it (``size``: the raw body's bytes,
-        for :meth:`lone`); the encode stage's time is the round trip (reading, validating and encoding, plus the
-        hop to a worker process), per record."""
-        inline = self.lone(size)
+        for :meth:`prepares_in_process`); the encode stage's time is the round trip (reading, validating and
+        encoding, plus the hop to a worker process), per record."""
+        inline = self.prepares_in_process(size)
         metrics.ENCODE_BODIES.labels(where="worker" if self.preparer.processes and not inline else "serving").inc()
         started = time.perf_counter()
         self.preparing += 1

@@ -465,16 +465,17 @@ def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> 
         Lifecycle(MODEL_NAME),
         inline_encode_max_bytes=100,
     )
-    assert service.lone(100) and service.lone(0)
-    assert not service.lone(101) and not service.lone(None)  # larger, or parsed bodies (size unknown)
+    assert service.prepares_in_process(100) and service.prepares_in_process(0)
+    assert not service.prepares_in_process(101)  # larger
+    assert not service.prepares_in_process(None)  # parsed bodies (size unknown)
     service.preparing = 1
-    assert not service.lone(10)  # another body is being prepared
+    assert not service.prepares_in_process(10)  # another body is being prepared
     service.preparing, service.queued = 0, 1
-    assert not service.lone(10)  # a record is being answered
+    assert not service.prepares_in_process(10)  # a record is being answered
     service.queued, service.vision = 0, VisionSettings(str(toy_release))
-    assert not service.lone(10)  # the serving process never loads the image and video processors
+    assert not service.prepares_in_process(10)  # the serving process never loads the image and video processors
     service.vision, service.inline_encode_max_bytes = None, 0
-    assert not service.lone(0)
+    assert not service.prepares_in_process(0)
     with pytest.raises(ValueError, match="inline_encode_max_bytes"):
         SystemOneService(
             Engine(),  # type: ignore[arg-type]
