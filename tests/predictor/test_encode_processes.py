@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -44,6 +44,10 @@ from tests.predictor.conftest import (
     stop,
     tiny_server_args,
 )
+
+if TYPE_CHECKING:
+    from predictor.engines.base import Engine
+    from predictor.serving.service import SystemOneService
 
 MAX_MODEL_LEN = 512
 PROCESSES = 2
@@ -204,10 +208,9 @@ def http_result(error: ServiceError) -> tuple[int, dict[str, Any]]:
     return int(failure.status), json.loads(json.dumps(failure.body()))
 
 
-@pytest.fixture(scope="module")
-def in_process(toy_release: Path) -> dict[str, tuple[int, Any]]:
-    """Status and JSON body of each body of :func:`bodies_to_compare`, answered by a service in this process
-    (``--encode-processes 0``: the same engine settings as the server's), one at a time."""
+def server_like_service(toy_release: Path) -> tuple[Engine, SystemOneService]:
+    """A serving service in this process with the server's engine settings and names, preparing bodies in a thread of
+    this process (``--encode-processes 0``); the engine is started by the caller."""
     import torch
 
     from predictor.engines.transformers import TransformersEngine
@@ -220,15 +223,26 @@ def in_process(toy_release: Path) -> dict[str, tuple[int, Any]]:
     lifecycle.enter(Phase.OK)
     service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle)
     service.policy = RequestPolicy(aliases=(SDK_DEFAULT_MODEL,), state_overflow="refuse")  # the server's names
+    return engine, service
+
+
+async def answered(service: SystemOneService, raw: bytes) -> tuple[int, Any]:
+    """Status and JSON body of ``service``'s answer to the raw JSON body ``raw``, as the server would send them."""
+    try:
+        return 200, json.loads(json.dumps(await service.answer_json(raw, "application/json")))
+    except ServiceError as error:
+        return http_result(error)
+
+
+@pytest.fixture(scope="module")
+def in_process(toy_release: Path) -> dict[str, tuple[int, Any]]:
+    """Status and JSON body of each body of :func:`bodies_to_compare`, answered by a service in this process
+    (``--encode-processes 0``: the same engine settings as the server's), one at a time."""
+    engine, service = server_like_service(toy_release)
 
     async def answer_all() -> dict[str, tuple[int, Any]]:
         await engine.start()
-        results: dict[str, tuple[int, Any]] = {}
-        for name, raw in bodies_to_compare().items():
-            try:
-                results[name] = (200, json.loads(json.dumps(await service.answer_json(raw, "application/json"))))
-            except ServiceError as error:
-                results[name] = http_result(error)
+        results = {name: await answered(service, raw) for name, raw in bodies_to_compare().items()}
         batch = [
             json.loads(bodies_to_compare()[name])
             for name in ("simple", "missing questions", "sample 0", "unknown model")
@@ -395,28 +409,12 @@ def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
     process with the engine's tokenizer (its hop to a worker costs a lone request more than its encoding); a body
     that comes while another is being prepared, a body over ``--inline-encode-max-bytes`` and parsed bodies (the
     KServe routes) go to the workers. Answers and errors are the same either way."""
-    import torch
-
-    from predictor.engines.transformers import TransformersEngine
     from predictor.serving.encode_pool import DEFAULT_INLINE_ENCODE_MAX_BYTES, EncodePool
-    from predictor.serving.lifecycle import Lifecycle, Phase
-    from predictor.serving.request_policy import RequestPolicy
-    from predictor.serving.service import ModelCard, SystemOneService
 
-    engine = TransformersEngine(toy_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8)
-    lifecycle = Lifecycle(MODEL_NAME)
-    lifecycle.enter(Phase.OK)
-    pool = EncodePool(toy_release, 1, engine.tokenizer)
-    service = SystemOneService(engine, ModelCard(MODEL_NAME, "test", "1970-01-01"), lifecycle, preparer=pool)
-    service.policy = RequestPolicy(aliases=(SDK_DEFAULT_MODEL,), state_overflow="refuse")  # as in_process's
+    engine, service = server_like_service(toy_release)
+    service.preparer = pool = EncodePool(toy_release, 1, engine.tokenizer)
     assert service.inline_encode_max_bytes == DEFAULT_INLINE_ENCODE_MAX_BYTES
     raw = bodies_to_compare()
-
-    async def answered(name: str) -> tuple[int, Any]:
-        try:
-            return 200, json.loads(json.dumps(await service.answer_json(raw[name], "application/json")))
-        except ServiceError as error:
-            return http_result(error)
 
     def prepared_since(before: dict[str, float]) -> dict[str, float]:
         return {where: count - before[where] for where, count in bodies_prepared().items()}
@@ -426,15 +424,15 @@ def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
         await pool.start(service.settings)
         for lone in ("sample 0", "bad field", "state too long"):
             before = bodies_prepared()
-            assert await answered(lone) == in_process[lone], lone
+            assert await answered(service, raw[lone]) == in_process[lone], lone
             assert prepared_since(before) == {"serving": 1.0, "worker": 0.0}, lone
         before = bodies_prepared()
-        together = await asyncio.gather(answered("sample 1"), answered("sample 2"))
+        together = await asyncio.gather(answered(service, raw["sample 1"]), answered(service, raw["sample 2"]))
         assert list(together) == [in_process["sample 1"], in_process["sample 2"]]
         assert prepared_since(before) == {"serving": 1.0, "worker": 1.0}  # the second came while the first was
         service.inline_encode_max_bytes = len(raw["sample 3"]) - 1
         before = bodies_prepared()
-        assert await answered("sample 3") == in_process["sample 3"]
+        assert await answered(service, raw["sample 3"]) == in_process["sample 3"]
         assert prepared_since(before) == {"serving": 0.0, "worker": 1.0}
         service.inline_encode_max_bytes = DEFAULT_INLINE_ENCODE_MAX_BYTES
         before = bodies_prepared()
