@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_benchmark.metrics import metric_samples, scrape_timers, timer_means
+from bench.gpu_benchmark.metrics import count_changes, encode_bodies, metric_samples, scrape_timers, timer_means
 from bench.gpu_benchmark.timing import percentiles
 from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
 
@@ -82,15 +82,19 @@ def timed_post(client: Any, url: str, body: dict[str, Any]) -> tuple[float, dict
 
 
 def phase(client: Any, url: str, name: str, bodies: list[dict[str, Any]], answered: list[Answered]) -> dict[str, Any]:
-    """Send ``bodies`` one at a time: the client's latencies and the server's stage timers over them; each
-    response's answers appended to ``answered`` under the phase's ``name``."""
-    before = scrape_timers(url)
+    """Send ``bodies`` one at a time: the client's latencies, the server's stage timers and where it prepared the
+    bodies (``encode_bodies``); each response's answers appended to ``answered`` under the phase's ``name``."""
+    before, prepared = scrape_timers(url), encode_bodies(url)
     latencies = []
     for body in bodies:
         elapsed, answers = timed_post(client, url, body)
         latencies.append(elapsed)
         answered.append({"phase": name, "answers": answers})
-    result: dict[str, Any] = {"requests": len(bodies), "server_ms_mean": timer_means(before, scrape_timers(url))}
+    result: dict[str, Any] = {
+        "requests": len(bodies),
+        "server_ms_mean": timer_means(before, scrape_timers(url)),
+        "encode_bodies": count_changes(prepared, encode_bodies(url)),
+    }
     if len(latencies) == 1:
         result["ms"] = round(latencies[0], 2)
     else:

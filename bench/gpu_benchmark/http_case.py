@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_benchmark.engine_args import mode_kwargs
-from bench.gpu_benchmark.metrics import answer_cache_counts, scrape_timers, timer_means
+from bench.gpu_benchmark.metrics import answer_cache_counts, count_changes, encode_bodies, scrape_timers, timer_means
 from bench.gpu_benchmark.workdir import log
 from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
 
@@ -120,16 +120,22 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
         result["data_parallel"] = data_parallel
         bodies = UniqueBodies(json.loads((work / "records.json").read_text()))
         result["loads"] = []
-        previous = scrape_timers(url)
+        previous, prepared = scrape_timers(url), encode_bodies(url)
         for clients in args.http_clients:
             count = max(args.http_requests, 4 * clients) if clients > 1 else args.http_single_requests
             log(f"http: {clients} clients, {count} requests")
             load = asyncio.run(http_load(url, clients, count, warmup=min(max(8, clients), count), body=bodies))
-            current = scrape_timers(url)  # server-side means include the load's few warm-up requests
+            # server-side figures include the load's few warm-up requests
+            current, now_prepared = scrape_timers(url), encode_bodies(url)
             result["loads"].append(
-                {"clients": clients, **load.summary(), "server_ms_mean": timer_means(previous, current)}
+                {
+                    "clients": clients,
+                    **load.summary(),
+                    "server_ms_mean": timer_means(previous, current),
+                    "encode_bodies": count_changes(prepared, now_prepared),
+                }
             )
-            previous = current
+            previous, prepared = current, now_prepared
         result["repeat_loads"] = []
         for fraction in args.http_repeat_fractions:
             clients, count = args.http_repeat_clients, max(args.http_requests, 4 * args.http_repeat_clients)
@@ -143,9 +149,7 @@ def case_http(args: argparse.Namespace, work: Path, releases: dict[str, str], da
                     "repeat_fraction": fraction,
                     "clients": clients,
                     **load.summary(),
-                    "answer_cache": {
-                        outcome: int(counts[outcome] - counts_before.get(outcome, 0.0)) for outcome in counts
-                    },
+                    "answer_cache": count_changes(counts_before, counts),
                 }
             )
     finally:

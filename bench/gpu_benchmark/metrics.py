@@ -1,4 +1,5 @@
-"""The predictor's /metrics: stage timers and answer-cache counts, scraped between loads."""
+"""The predictor's /metrics: stage timers, where bodies were prepared and answer-cache counts, scraped between
+loads."""
 
 from __future__ import annotations
 
@@ -49,10 +50,22 @@ def timer_means(previous: dict[str, tuple[float, float]], current: dict[str, tup
     return means
 
 
+def labelled_counts(url: str, counter: str, label: str) -> dict[str, float]:
+    """The values of ``counter`` (a sample name, e.g. ``clef_answer_cache_total``) by its ``label``, from the
+    server's ``/metrics``."""
+    return {sample.labels[label]: sample.value for sample in metric_samples(url) if sample.name == counter}
+
+
+def count_changes(previous: dict[str, float], current: dict[str, float]) -> dict[str, int]:
+    """How much each label's count grew between two :func:`labelled_counts` reads."""
+    return {key: int(value - previous.get(key, 0.0)) for key, value in current.items()}
+
+
+def encode_bodies(url: str) -> dict[str, float]:
+    """``clef_encode_bodies_total`` by where bodies were prepared (worker, serving)."""
+    return labelled_counts(url, "clef_encode_bodies_total", "where")
+
+
 def answer_cache_counts(url: str) -> dict[str, float]:
-    """``clef_answer_cache_total`` by outcome (hit, merged, miss) from the server's ``/metrics``."""
-    return {
-        sample.labels["outcome"]: sample.value
-        for sample in metric_samples(url)
-        if sample.name == "clef_answer_cache_total"
-    }
+    """``clef_answer_cache_total`` by outcome (hit, merged, miss)."""
+    return labelled_counts(url, "clef_answer_cache_total", "outcome")

@@ -163,6 +163,9 @@ def test_smoke_http_case_with_repeated_requests(smoke: Smoke) -> None:
         load["tokens_per_s"] > 0 and "clef_stage_seconds{stage=encode}" in load["server_ms_mean"]
         for load in http["loads"]
     )
+    # no encode workers on a CPU engine: every body prepared in the serving process, the warm-up's (as many as the
+    # load's requests here: at most 8) and the load's
+    assert [load["encode_bodies"] for load in http["loads"]] == [{"serving": 2 + 2}, {"serving": 8 + 8}]
     unique, repeated = http["repeat_loads"]
     assert (unique["repeat_fraction"], repeated["repeat_fraction"]) == (0.0, 0.5)
     assert unique["errors"] == repeated["errors"] == 0 and unique["requests"] == repeated["requests"] == 4
