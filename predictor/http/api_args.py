@@ -132,9 +132,9 @@ def add_api_args(group: argparse._ActionsContainer) -> None:
         type=int,
         default=DEFAULT_INLINE_ENCODE_MAX_BYTES,
         metavar="BYTES",
-        help="with encode workers, a text server's body of at most this size that comes while no other request is "
-        "being prepared or answered is prepared in the serving process: its hop to a worker would cost a lone "
-        "request more than its encoding. 0: every body goes to the workers",
+        help="with encode workers, a body of at most this size that comes while no other request is being prepared "
+        "or answered is prepared in the serving process (its images and videos, if any, by a worker): its hop to a "
+        "worker would cost a lone request more than its encoding. 0: every body goes to the workers",
     )
 
 

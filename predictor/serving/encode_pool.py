@@ -21,6 +21,7 @@ With workers, a small body that comes while the server has nothing else to do is
 serving process, with the engine's tokenizer (``run(..., inline=True)``; the service decides when:
 ``--inline-encode-max-bytes``): the hop to a worker and back costs a lone request more than its encoding
 (BENCHMARKS.md, R39), and with no other request in flight the interpreter lock it holds meanwhile delays nothing.
+Its images and videos, if any, are still read by a worker (``SystemOneService.settings_in_process``).
 """
 
 from __future__ import annotations

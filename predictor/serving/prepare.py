@@ -58,11 +58,20 @@ class PrepareSettings:
 @dataclass(frozen=True)
 class VisionSettings:
     """Images and videos are read: the release whose processors encode them, and their limits; ``videos``:
-    whether the engine answers videos (without, ``videos`` are refused naming the field)."""
+    whether the engine answers videos (without, ``videos`` are refused naming the field); ``media_here``: whether
+    they are read where this preparation runs (without, a body with any raises :class:`MediaElsewhere` once
+    validated, before any is read)."""
 
     release_dir: str
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
     videos: bool = True
+    media_here: bool = True
+
+
+class MediaElsewhere(Exception):
+    """A body with images or videos (or a multipart body) met by a preparation that does not read them
+    (:attr:`VisionSettings.media_here` false: a vision server's lone small body in its serving process); an encode
+    worker prepares it instead. Not a :class:`ServiceError`: no client ever sees it."""
 
 
 TEXT_ONLY_MEDIA = (
@@ -163,6 +172,8 @@ def prepare(
     request = validate(settings, body, prefix)
     media = None
     if settings.vision is not None and (request.has_media or parts):
+        if not settings.vision.media_here:
+            raise MediaElsewhere
         try:
             request, media = read_media(tokenizer, settings.vision, request, parts or {})
         except InvalidRequest as exc:
@@ -214,6 +225,8 @@ def prepare_json(tokenizer: Any, settings: PrepareSettings, raw: bytes, content_
     """``POST /v1/systemone``: read the raw body (JSON, or multipart with images on a server that reads them),
     validate and encode it."""
     if settings.vision is not None and is_multipart(content_type):
+        if not settings.vision.media_here:
+            raise MediaElsewhere
         body = read_multipart(raw, content_type, settings.vision.limits.max_images)
         return prepare(tokenizer, settings, decode_json_body(body.request, "application/json"), parts=body.parts)
     return prepare(tokenizer, settings, decode_json_body(raw, content_type))

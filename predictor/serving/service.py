@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -36,7 +36,7 @@ from predictor.serving.answer_cache import AnswerCache, body_key, cache_key
 from predictor.serving.body_limits import DEFAULT_MAX_QUEUE_WAIT_S
 from predictor.serving.encode_pool import DEFAULT_INLINE_ENCODE_MAX_BYTES, InProcessPreparer, Preparer
 from predictor.serving.lifecycle import Lifecycle
-from predictor.serving.prepare import Prepared, PrepareSettings, VisionSettings
+from predictor.serving.prepare import MediaElsewhere, Prepared, PrepareSettings, VisionSettings
 from predictor.serving.request_policy import DEFAULT_POLICY, RequestPolicy
 from predictor.serving.request_record import record_tokens
 
@@ -187,18 +187,27 @@ class SystemOneService:
         """What validation and encoding depend on (read when a body is prepared: the policy may change)."""
         return PrepareSettings(self.card.name, self.limits, self.policy, self.engine.max_length, self.vision)
 
+    @property
+    def settings_in_process(self) -> PrepareSettings:
+        """:attr:`settings` for a body prepared in this process although encode workers run: its images and videos,
+        if any, are left to a worker (:class:`MediaElsewhere`)."""
+        settings = self.settings
+        if settings.vision is None:
+            return settings
+        return replace(settings, vision=replace(settings.vision, media_here=False))
+
     def prepares_in_process(self, size: int | None) -> bool:
         """Whether a raw body of ``size`` bytes (``None``: parsed bodies) is prepared in this process although
-        encode workers run: a text server's body of at most ``inline_encode_max_bytes`` while no other body is
-        being prepared and no record is being answered. Such a body's hop to a worker costs it more than its
-        encoding (BENCHMARKS.md, R39), and nothing else waits for this process's interpreter meanwhile. Images and
-        videos stay in the workers (the serving process never loads the processors), and so do large bodies (a
-        worker's job deadline ends a hung encode; a thread cannot be ended)."""
+        encode workers run: a body of at most ``inline_encode_max_bytes`` while no other body is being prepared and
+        no record is being answered. Such a body's hop to a worker costs it more than its encoding (BENCHMARKS.md,
+        R39), and nothing else waits for this process's interpreter meanwhile. Large bodies stay in the workers (a
+        worker's job deadline ends a hung encode; a thread cannot be ended), and so do images and videos: on a
+        vision server a body found to hold any is prepared again by a worker (:attr:`settings_in_process`), as a
+        small body can still hold many large images (16 single-colour 4096 × 4096 PNGs fit in a few kilobytes)."""
         return (
             size is not None
             and self.inline_encode_max_bytes > 0
             and size <= self.inline_encode_max_bytes
-            and self.vision is None
             and not self.preparing
             and not self.queued
         )
@@ -207,12 +216,11 @@ class SystemOneService:
         """Run a :mod:`predictor.serving.prepare` job where the preparer runs it (``size``: the raw body's bytes,
         for :meth:`prepares_in_process`); the encode stage's time is the round trip (reading, validating and
         encoding, plus the hop to a worker process), per record."""
-        inline = self.prepares_in_process(size)
-        metrics.ENCODE_BODIES.labels(where="worker" if self.preparer.processes and not inline else "serving").inc()
+        inline = bool(self.preparer.processes) and self.prepares_in_process(size)
         started = time.perf_counter()
         self.preparing += 1
         try:
-            result = await self.preparer.run(job, self.settings, *args, inline=inline)
+            result = await self._run(job, inline, *args)
         finally:
             self.preparing -= 1
         records = len(result) if isinstance(result, list) else 1
@@ -220,6 +228,22 @@ class SystemOneService:
         for _ in range(records):
             metrics.STAGE_SECONDS.labels(stage="encode").observe(per_record)
         return result
+
+    async def _run(self, job: Callable[..., T], inline: bool, *args: Any) -> T:
+        """``job`` in this process (``inline``) or where the preparer runs jobs; a body prepared here that holds
+        images or videos (:class:`MediaElsewhere`) is prepared again where the preparer runs jobs. Counted by where
+        it was prepared."""
+        where = "worker" if self.preparer.processes else "serving"
+        try:
+            if inline:
+                try:
+                    where = "serving"
+                    return await self.preparer.run(job, self.settings_in_process, *args, inline=True)
+                except MediaElsewhere:
+                    where = "worker"
+            return await self.preparer.run(job, self.settings, *args)
+        finally:
+            metrics.ENCODE_BODIES.labels(where=where).inc()
 
     async def _engine_score(self, encoded: EncodedRequest) -> torch.Tensor:
         started = time.perf_counter()

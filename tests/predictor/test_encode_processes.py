@@ -447,6 +447,56 @@ def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
         engine.close()
 
 
+def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unless_it_holds_media(
+    toy_release: Path,
+) -> None:
+    """On a ``--vision`` server with workers, a lone small text body is prepared in the serving process; a lone
+    small body with an image (a few hundred bytes can hold many large images) is prepared by a worker. Answers are
+    those of the same service preparing every body in a thread of this process."""
+    import base64
+
+    import torch
+
+    from predictor.engines.transformers import TransformersEngine
+    from predictor.serving.encode_pool import EncodePool, probe_image
+    from predictor.serving.lifecycle import Lifecycle, Phase
+    from predictor.serving.prepare import VisionSettings
+    from predictor.serving.service import ModelCard, SystemOneService
+
+    engine = TransformersEngine(
+        toy_release, max_length=MAX_MODEL_LEN, device="cpu", dtype=torch.float32, max_batch=8, vision=True
+    )
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    vision = VisionSettings(str(toy_release))
+    card = ModelCard(MODEL_NAME, "test", "1970-01-01")
+    in_thread = SystemOneService(engine, card, lifecycle, vision=vision)
+    with_workers = SystemOneService(engine, card, lifecycle, vision=vision)
+    with_workers.preparer = pool = EncodePool(toy_release, 1, engine.tokenizer)
+    text = json.dumps(simple_request()).encode()
+    png = base64.b64decode(probe_image(40).split(",", 1)[1])
+    image = json.dumps({**simple_request(), "images": [f"data:image/png;base64,{base64.b64encode(png).decode()}"]})
+
+    def prepared_since(before: dict[str, float]) -> dict[str, float]:
+        return {where: count - before[where] for where, count in bodies_prepared().items()}
+
+    async def scenario() -> None:
+        await engine.start()
+        await pool.start(with_workers.settings)
+        for raw, where in ((text, "serving"), (image.encode(), "worker")):
+            expected = await answered(in_thread, raw)
+            assert expected[0] == 200, expected
+            before = bodies_prepared()
+            assert await answered(with_workers, raw) == expected
+            assert prepared_since(before) == {"serving": 0.0, "worker": 0.0, where: 1.0}
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+        engine.close()
+
+
 def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> None:
     from predictor.serving.lifecycle import Lifecycle
     from predictor.serving.prepare import VisionSettings
@@ -471,7 +521,8 @@ def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> 
     service.preparing, service.queued = 0, 1
     assert not service.prepares_in_process(10)  # a record is being answered
     service.queued, service.vision = 0, VisionSettings(str(toy_release))
-    assert not service.prepares_in_process(10)  # the serving process never loads the image and video processors
+    assert service.prepares_in_process(10)  # a vision server's too: its images and videos, if any, go to a worker
+    assert service.settings_in_process.vision == VisionSettings(str(toy_release), media_here=False)
     service.vision, service.inline_encode_max_bytes = None, 0
     assert not service.prepares_in_process(0)
     with pytest.raises(ValueError, match="inline_encode_max_bytes"):

@@ -102,6 +102,38 @@ def test_text_only_settings_refuse_images_at_their_field(tiny_release: Path) -> 
     assert unreadable.value.loc == ("assets",)
 
 
+def test_a_preparation_that_leaves_media_elsewhere_stops_at_the_first_image_video_or_part(tiny_release: Path) -> None:
+    """``media_here=False`` (a vision server's lone small body in its serving process): a text-only body is prepared
+    as with the media read; a body with an image, a video or multipart parts raises :class:`MediaElsewhere` once
+    validated (a batch too, for one such item), so an encode worker prepares it; an invalid one gets its error."""
+    tokenizer = ReleaseTokenizer(tiny_release)
+    here = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release)))
+    elsewhere = PrepareSettings(
+        "clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release), media_here=False)
+    )
+    text = json.dumps({**REQUEST, "state": {"note": "no picture"}, "assets": None}).encode()
+    assert prepare.prepare_json(tokenizer, elsewhere, text, "application/json") == prepare.prepare_json(
+        tokenizer, here, text, "application/json"
+    )
+    image = {**REQUEST, "assets": {"<p>": {"format": "png", "data_base64": base64.b64encode(PHOTO).decode()}}}
+    frames = [base64.b64encode(image_file(32, 32)).decode()] * 2
+    video = {**REQUEST, "assets": None, "videos": [{"frames": frames}]}
+    multipart = _multipart(REQUEST, {"asset-0": PHOTO})
+    for raw, content_type in [
+        (json.dumps(image).encode(), "application/json"),
+        (json.dumps(video).encode(), "application/json"),
+        multipart,
+    ]:
+        with pytest.raises(prepare.MediaElsewhere):
+            prepare.prepare_json(tokenizer, elsewhere, raw, content_type)
+    batch = json.dumps([json.loads(text), image]).encode()
+    with pytest.raises(prepare.MediaElsewhere):
+        prepare.prepare_batch_json(tokenizer, elsewhere, batch, "application/json", 64)
+    with pytest.raises(BadInput) as caught:
+        prepare.prepare(tokenizer, elsewhere, {**image, "questions": {}})
+    assert caught.value.loc == ("questions",)
+
+
 def test_multipart_as_written_by_the_sdk() -> None:
     raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO, "asset-1": b"\r\n--not a boundary\r\n"})
     body = read_multipart(raw, content_type, max_parts=4)
