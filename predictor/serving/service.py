@@ -203,7 +203,8 @@ class SystemOneService:
         R39), and nothing else waits for this process's interpreter meanwhile. Large bodies stay in the workers (a
         worker's job deadline ends a hung encode; a thread cannot be ended), and so do images and videos: on a
         vision server a body found to hold any is prepared again by a worker (:attr:`settings_in_process`), as a
-        small body can still hold many large images (16 single-colour 4096 × 4096 PNGs fit in a few kilobytes)."""
+        small body can still hold a large image (a single-colour 4096 × 4096 PNG takes 57 KB: 16 megapixels to
+        decode and process)."""
         return (
             size is not None
             and self.inline_encode_max_bytes > 0

@@ -451,7 +451,7 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
     toy_release: Path,
 ) -> None:
     """On a ``--vision`` server with workers, a lone small text body is prepared in the serving process; a lone
-    small body with an image (a few hundred bytes can hold many large images) is prepared by a worker. Answers are
+    small body with an image (a small body can hold a large image) is prepared by a worker. Answers are
     those of the same service preparing every body in a thread of this process."""
     import base64
 
