@@ -453,8 +453,6 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
     """On a ``--vision`` server with workers, a lone small text body is prepared in the serving process; a lone
     small body with an image (a small body can hold a large image) is prepared by a worker. Answers are
     those of the same service preparing every body in a thread of this process."""
-    import base64
-
     import torch
 
     from predictor.engines.transformers import TransformersEngine
@@ -474,8 +472,7 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
     with_workers = SystemOneService(engine, card, lifecycle, vision=vision)
     with_workers.preparer = pool = EncodePool(toy_release, 1, engine.tokenizer)
     text = json.dumps(simple_request()).encode()
-    png = base64.b64decode(probe_image(40).split(",", 1)[1])
-    image = json.dumps({**simple_request(), "images": [f"data:image/png;base64,{base64.b64encode(png).decode()}"]})
+    image = json.dumps({**simple_request(), "images": [probe_image(40)]}).encode()
 
     def prepared_since(before: dict[str, float]) -> dict[str, float]:
         return {where: count - before[where] for where, count in bodies_prepared().items()}
@@ -483,7 +480,7 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
     async def scenario() -> None:
         await engine.start()
         await pool.start(with_workers.settings)
-        for raw, where in ((text, "serving"), (image.encode(), "worker")):
+        for raw, where in ((text, "serving"), (image, "worker")):
             expected = await answered(in_thread, raw)
             assert expected[0] == 200, expected
             before = bodies_prepared()
