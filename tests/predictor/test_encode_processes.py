@@ -402,6 +402,11 @@ def bodies_prepared() -> dict[str, float]:
     }
 
 
+def prepared_since(before: dict[str, float]) -> dict[str, float]:
+    """How many bodies were prepared where since :func:`bodies_prepared` read ``before``."""
+    return {where: count - before[where] for where, count in bodies_prepared().items()}
+
+
 def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
     toy_release: Path, in_process: dict[str, tuple[int, Any]]
 ) -> None:
@@ -415,9 +420,6 @@ def test_a_lone_small_body_skips_the_workers_and_is_answered_the_same(
     service.preparer = pool = EncodePool(toy_release, 1, engine.tokenizer)
     assert service.inline_encode_max_bytes == DEFAULT_INLINE_ENCODE_MAX_BYTES
     raw = bodies_to_compare()
-
-    def prepared_since(before: dict[str, float]) -> dict[str, float]:
-        return {where: count - before[where] for where, count in bodies_prepared().items()}
 
     async def scenario() -> None:
         await engine.start()
@@ -473,9 +475,6 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
     with_workers.preparer = pool = EncodePool(toy_release, 1, engine.tokenizer)
     text = json.dumps(simple_request()).encode()
     image = json.dumps({**simple_request(), "images": [probe_image(40)]}).encode()
-
-    def prepared_since(before: dict[str, float]) -> dict[str, float]:
-        return {where: count - before[where] for where, count in bodies_prepared().items()}
 
     async def scenario() -> None:
         await engine.start()
