@@ -1,6 +1,7 @@
 """How fast can the load client go? ``bench.load``'s HTTP client against a server that costs nothing.
 
     python -m bench.load_client_ceiling [--clients 8,64,256] [--requests 2000] [--rate 100] [--client aiohttp,httpx]
+    python -m bench.load_client_ceiling --clients 1 --client aiohttp,vision
 
 A load generator is part of what a latency figure measures. This starts a minimal HTTP/1.1 server in a
 child process (asyncio streams, keep-alive, a fixed small JSON answer) and loads it twice per client count:
@@ -9,7 +10,8 @@ child process (asyncio streams, keep-alive, a fixed small JSON answer) and loads
   bottleneck: an ideal client measures ``--rate`` requests/s and a latency of clients ÷ rate for every
   request (Little's law), so the client's own share shows as lost throughput and a spread-out tail.
 ``aiohttp`` is the client ``bench.load.http_load`` uses; ``httpx`` (one ``AsyncClient``, one connection
-per client) is there for comparison. Both send the same body.
+per client) is there for comparison; ``vision`` is ``bench.vision_http``'s client (one blocking ``httpx.Client``,
+one client only), so that its latencies can be set beside ``bench.load``'s. All send the same body.
 """
 
 from __future__ import annotations
@@ -90,7 +92,30 @@ async def httpx_load(
         return await run_load(call, clients, requests)
 
 
-CLIENTS = {"aiohttp": http_load, "httpx": httpx_load}
+async def vision_client_load(
+    url: str, clients: int, requests: int, warmup: int, body: Callable[[int], dict[str, Any]]
+) -> Results:
+    """The same requests through ``bench.vision_http``'s client (:func:`bench.vision_http.timed_post` on one
+    blocking ``httpx.Client``), one at a time; it reads answers, not token counts (``tokens`` stays 0)."""
+    import httpx
+
+    from bench.vision_http import timed_post
+
+    if clients != 1:
+        raise ValueError("the vision benchmark's client sends one request at a time")
+    results = Results()
+    with httpx.Client(timeout=600) as client:
+        for index in range(warmup):
+            timed_post(client, url, body(index))
+        started = time.perf_counter()
+        for index in range(requests):
+            elapsed_ms, _answers = timed_post(client, url, body(index))
+            results.latencies.append(elapsed_ms / 1000)
+        results.seconds = time.perf_counter() - started
+    return results
+
+
+CLIENTS = {"aiohttp": http_load, "httpx": httpx_load, "vision": vision_client_load}
 
 
 def started_server(rate: float) -> tuple[subprocess.Popen[bytes], str]:
@@ -112,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=lambda text: [int(v) for v in text.split(",")], default=[8, 64, 256])
     parser.add_argument("--requests", type=int, default=2000, help="requests per load")
     parser.add_argument("--rate", type=float, default=100.0, help="answers per second of the 'rate' server")
-    parser.add_argument("--client", type=lambda text: text.split(","), default=list(CLIENTS), help="aiohttp,httpx")
+    parser.add_argument(
+        "--client", type=lambda text: text.split(","), default=["aiohttp", "httpx"], help="aiohttp,httpx,vision"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per load")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -122,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.client) - set(CLIENTS))
     if unknown or args.rate <= 0:
         parser.error(f"--client takes {', '.join(CLIENTS)}; --rate must be positive")
+    if "vision" in args.client and args.clients != [1]:
+        parser.error("--client vision sends one request at a time: it needs --clients 1")
     for server, rate in (("instant", 0.0), ("rate", args.rate)):
         child, url = started_server(rate)
         try:

@@ -63,6 +63,24 @@ def test_ceiling_script_loads_both_servers_with_both_clients() -> None:
     )
 
 
+def test_ceiling_script_sets_the_vision_benchmarks_client_beside_bench_loads() -> None:
+    command = [sys.executable, "-m", "bench.load_client_ceiling", "--clients", "1", "--requests", "30"]
+    done = subprocess.run(
+        [*command, "--client", "aiohttp,vision", "--rate", "400", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(row["server"], row["client"]) for row in rows] == [
+        (server, client) for server in ("instant", "rate") for client in ("aiohttp", "vision")
+    ]
+    assert all(row["requests"] == 30 and row["errors"] == 0 and row["latency_ms_p50"] > 0 for row in rows)
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench.load_client_ceiling", "--clients", "1,2", "--client", "vision"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "needs --clients 1" in refused.stderr
+
+
 def test_bench_repeat_fraction_repeats_a_few_bodies() -> None:
     from bench.load import HOT_BODIES, bench_request
 
