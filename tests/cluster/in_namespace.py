@@ -14,6 +14,9 @@ result on stdout.
   clients sending in each phase; ``"unique": true`` makes each request's ``state`` unique (the request's state and
   a sequence number), so that none is answered from the predictor's answer cache; ``"backoff": true`` makes a
   client wait what an answer's ``Retry-After`` asks (at most 10 s) before its next request, as a polite client does.
+  Every request carries its own ``x-request-id`` (``load-<client>-<n>``; the predictor logs it with ``--json-logs``):
+  an answer that is neither 200 nor 429, and a connection broken after the request was sent, keep it as ``id``
+  (with the answer's ``body`` and ``headers``), so that a failure names the pod's log line.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
     stop_file = Path(job["stop_file"]) if job.get("stop_file") else None
     phases = job.get("phases") or [[job["clients"], job["seconds"]]]
     sequence = itertools.count()
+    numbers = itertools.count()
 
     def body() -> dict[str, Any]:
         request: dict[str, Any] = job["request"]
@@ -109,16 +113,19 @@ def run_load(job: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 outcome: dict[str, Any]
                 at = round(time.monotonic() - started, 2)
+                request_id = f"load-{index}-{next(numbers)}"
                 try:
-                    response = client.post("/v1/systemone", json=body())
+                    response = client.post("/v1/systemone", json=body(), headers={"x-request-id": request_id})
                     outcome = {"status": response.status_code, "retry_after": response.headers.get("retry-after")}
+                    if response.status_code not in (200, 429):
+                        outcome.update(id=request_id, body=response.text[:2000], headers=dict(response.headers))
                     if job.get("backoff") and outcome["retry_after"]:
                         time.sleep(min(float(outcome["retry_after"]), BACKOFF_CAP_S))
                 except httpx.ConnectError as error:  # refused or unreachable before a byte was sent
                     outcome = {"error": type(error).__name__, "sent": False}
                     time.sleep(0.2)
                 except httpx.TransportError as error:  # the connection broke after the request was sent
-                    outcome = {"error": type(error).__name__, "sent": True}
+                    outcome = {"error": type(error).__name__, "sent": True, "id": request_id, "detail": repr(error)}
                 with lock:
                     outcomes.append({**outcome, "at": at})
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, up
+from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, kubectl_path, up
 from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +74,35 @@ class Kube:
         if done.returncode:
             pytest.fail(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
         return done
+
+
+class PodLogs:
+    """``kubectl logs --follow --timestamps`` of pods' containers, each into a file of ``folder``, in the background:
+    a pod's lines up to its container's end, even once the pod itself is gone (a scale-down's removed pod)."""
+
+    def __init__(self, kube: Kube, folder: Path) -> None:
+        self.kube = kube
+        self.folder = folder
+        self.followed: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+
+    def follow(self, pod: str, namespace: str, container: str) -> None:
+        """Start following ``pod``'s ``container`` (from its first line)."""
+        cluster = self.kube.cluster
+        command = [
+            kubectl_path(), f"--kubeconfig={cluster.kubeconfig}", f"--cache-dir={cluster.kube_cache}", "logs",
+            "--follow", "--timestamps", pod, f"--namespace={namespace}", f"--container={container}",
+        ]  # fmt: skip
+        path = self.folder / f"{pod}.log"
+        with path.open("wb") as out:
+            self.followed[pod] = (subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), path)
+
+    def stop(self) -> dict[str, str]:
+        """Stop following (a pod already gone has ended its stream); each pod's lines."""
+        for process, _ in self.followed.values():
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=30)
+        return {pod: path.read_text(errors="replace") for pod, (_, path) in self.followed.items()}
 
 
 class Operator:

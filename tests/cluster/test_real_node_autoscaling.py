@@ -34,7 +34,7 @@ from clef_contract.container import CONTAINER_NAME
 from clef_operator.constants import PREDICTOR_LABEL
 from predictor.demo import demo_release
 from tests.cluster.helpers import condition, is_ready
-from tests.cluster.kube import REPO, Kube, cluster_for
+from tests.cluster.kube import REPO, Kube, PodLogs, cluster_for
 from tests.cluster.test_real_node_e2e import REQUEST, install_chart_with_our_images, parse_time, summary
 from tests.polling import eventually
 
@@ -264,7 +264,9 @@ def scale_up_and_down(cluster: Cluster, kube: Kube, folder: Path, autoscaler: st
     # depends on the machine (two replicas on two busy cores add no capacity), so it is printed, not bounded.
     shed = [o for o in outcomes if o.get("status") == 429]
     assert all(o.get("retry_after") for o in shed), shed
-    assert outcomes and all(o.get("status") in (200, 429) for o in outcomes), summary(outcomes)
+    assert outcomes and all(o.get("status") in (200, 429) for o in outcomes), unexpected_answers(
+        [o for o in outcomes if o.get("status") != 429], {}
+    )
     both_serving = [o for o in outcomes if o["at"] >= two_ready - heavy.started and o["status"] == 200]
     assert both_serving, summary(outcomes)
 
@@ -276,17 +278,39 @@ def scale_up_and_down(cluster: Cluster, kube: Kube, folder: Path, autoscaler: st
     ready_since = parse_time(condition(kube.get("pod", second["metadata"]["name"], NS), "Ready")["lastTransitionTime"])
     assert parse_time(served[0]) >= ready_since.replace(microsecond=0), (served[0], ready_since)
 
-    light = Load(cluster, folder, clients=1)
-    wanted_one = wait_until(lambda: wanted(kube, autoscaler) == 1, "the autoscaler to want 1 replica", kube)
-    one_left = wait_until(lambda: len(pods(kube)) == 1, "one predictor pod left", kube, timeout=START_S)
-    time.sleep(10)
-    calm = light.stop()
+    pod_logs = PodLogs(kube, folder)  # the removed pod's lines, its shutdown's included, outlive the pod
+    for pod in ready_pods(kube):
+        pod_logs.follow(pod["metadata"]["name"], NS, CONTAINER_NAME)
+    try:
+        light = Load(cluster, folder, clients=1)
+        wanted_one = wait_until(lambda: wanted(kube, autoscaler) == 1, "the autoscaler to want 1 replica", kube)
+        one_left = wait_until(lambda: len(pods(kube)) == 1, "one predictor pod left", kube, timeout=START_S)
+        time.sleep(10)
+        calm = light.stop()
+    finally:
+        logs_by_pod = pod_logs.stop()
     print(
         f"scale-down ({autoscaler}): the autoscaler wanted 1 replica {wanted_one - load_ended:.1f} s after the load "
         f"ended (window {SHORT_WINDOWS['scaleDownStabilizationSeconds']} s), one pod left "
         f"{one_left - load_ended:.1f} s after; light load during the scale-down: {summary(calm)}"
     )
-    assert calm and all(o.get("status") == 200 for o in calm), summary(calm)
+    assert calm and all(o.get("status") == 200 for o in calm), unexpected_answers(calm, logs_by_pod)
+
+
+def unexpected_answers(outcomes: list[dict[str, Any]], logs_by_pod: dict[str, str]) -> str:
+    """The outcomes other than 200 (with their bodies) and, per pod, its log less the lines of requests answered
+    200 and KServe's per-request timing lines: its shutdown, and the lines naming those requests."""
+    unexpected = [o for o in outcomes if o.get("status") != 200]
+    shown = [f"{summary(outcomes)}; not 200: {json.dumps(unexpected, indent=1)}"]
+    for pod, text in logs_by_pod.items():
+        kept = [
+            line
+            for line in text.splitlines()
+            if "kserve.trace" not in line and not ('"route": ' in line and '"status": 200' in line)
+        ]
+        shown.append(f"--- {pod}: {len(text.splitlines())} lines, these {len(kept[-150:])} kept:")
+        shown.extend(kept[-150:])
+    return "\n".join(shown)
 
 
 def test_a_load_around_the_target_does_not_flap_with_the_default_windows(
