@@ -106,6 +106,12 @@ class GracefulShutdown:
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: it runs between any two bytecodes of the loop's thread, the loop's own timer
+        bookkeeping included (a ``call_later`` from here can be lost), so it only hands the signal to the loop."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._start_draining, signum, frame)
+
+    def _start_draining(self, signum: int, frame: FrameType | None) -> None:
         if self.lifecycle.phase is Phase.DRAINING:
             return
         self.shutting_down = True

@@ -626,6 +626,30 @@ def test_sigterm_fails_readiness_first_and_hands_over_after_the_delay() -> None:
     assert waited >= 0.3
 
 
+def test_the_sigterm_handler_only_hands_the_signal_to_the_loop() -> None:
+    """Python runs a signal handler between any two bytecodes of the loop's thread, in the middle of the loop's own
+    timer bookkeeping too (where a ``call_later`` made by the handler can be dropped): the handler changes nothing
+    itself, the loop starts the drain on its next turn."""
+    lifecycle = Lifecycle(MODEL_NAME)
+    lifecycle.enter(Phase.OK)
+    saved = signal.getsignal(signal.SIGTERM)
+
+    async def scenario() -> tuple[Phase, Phase]:
+        shutdown = GracefulShutdown(app=None, lifecycle=lifecycle, delay_s=60)  # type: ignore[arg-type]
+        shutdown.install()
+        shutdown._on_sigterm(signal.SIGTERM, None)  # as Python calls it, from inside the loop's thread
+        during = lifecycle.phase
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return during, lifecycle.phase
+
+    try:
+        during, after = asyncio.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    assert (during, after) == (Phase.OK, Phase.DRAINING)
+
+
 def test_drain_timeout_answers_unanswered_requests_503_and_lets_started_ones_finish() -> None:
     """At the drain's end a request with no response yet is cancelled and answered 503 + Retry-After; one whose
     response has started is left to finish (uvicorn would cancel both into a 500)."""
