@@ -265,7 +265,7 @@ def scale_up_and_down(cluster: Cluster, kube: Kube, folder: Path, autoscaler: st
     shed = [o for o in outcomes if o.get("status") == 429]
     assert all(o.get("retry_after") for o in shed), shed
     assert outcomes and all(o.get("status") in (200, 429) for o in outcomes), unexpected_answers(
-        [o for o in outcomes if o.get("status") != 429], {}
+        outcomes, {}, expected=(200, 429)
     )
     both_serving = [o for o in outcomes if o["at"] >= two_ready - heavy.started and o["status"] == 200]
     assert both_serving, summary(outcomes)
@@ -297,11 +297,13 @@ def scale_up_and_down(cluster: Cluster, kube: Kube, folder: Path, autoscaler: st
     assert calm and all(o.get("status") == 200 for o in calm), unexpected_answers(calm, logs_by_pod)
 
 
-def unexpected_answers(outcomes: list[dict[str, Any]], logs_by_pod: dict[str, str]) -> str:
-    """The outcomes other than 200 (with their bodies) and, per pod, its log less the lines of requests answered
-    200 and KServe's per-request timing lines: its shutdown, and the lines naming those requests."""
-    unexpected = [o for o in outcomes if o.get("status") != 200]
-    shown = [f"{summary(outcomes)}; not 200: {json.dumps(unexpected, indent=1)}"]
+def unexpected_answers(
+    outcomes: list[dict[str, Any]], logs_by_pod: dict[str, str], expected: tuple[int, ...] = (200,)
+) -> str:
+    """The outcomes whose status is not ``expected`` (with their bodies) and, per pod, its log less the lines of
+    requests answered 200 and KServe's per-request timing lines: its shutdown, and the lines naming those requests."""
+    unexpected = [o for o in outcomes if o.get("status") not in expected]
+    shown = [f"{summary(outcomes)}; not {expected}: {json.dumps(unexpected, indent=1)}"]
     for pod, text in logs_by_pod.items():
         kept = [
             line
