@@ -147,11 +147,15 @@ class Cluster:
                 hosts.update(dict.fromkeys((base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"), address))
         return hosts
 
+    def kubectl_command(self, *args: str) -> list[str]:
+        """The command line of kubectl ``args`` against this cluster as its admin."""
+        return [kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}", *args]
+
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster as its admin; with ``check``, a failure raises ClusterError with what
         kubectl printed."""
         result = subprocess.run(
-            [kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.kube_cache}", *args],
+            self.kubectl_command(*args),
             input=stdin,
             capture_output=True,
             text=True,

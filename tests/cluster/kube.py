@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, kubectl_path, up
+from clef_cluster.cluster import KUBECTL_TIMEOUT_S, Cluster, down, up
 from clef_tools.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,11 +87,9 @@ class PodLogs:
 
     def follow(self, pod: str, namespace: str, container: str) -> None:
         """Start following ``pod``'s ``container`` (from its first line)."""
-        cluster = self.kube.cluster
-        command = [
-            kubectl_path(), f"--kubeconfig={cluster.kubeconfig}", f"--cache-dir={cluster.kube_cache}", "logs",
-            "--follow", "--timestamps", pod, f"--namespace={namespace}", f"--container={container}",
-        ]  # fmt: skip
+        command = self.kube.cluster.kubectl_command(
+            "logs", "--follow", "--timestamps", pod, f"--namespace={namespace}", f"--container={container}"
+        )
         path = self.folder / f"{pod}.log"
         with path.open("wb") as out:
             self.followed[pod] = (subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), path)
