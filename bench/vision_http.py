@@ -67,14 +67,17 @@ class Bodies:
         return body
 
 
-def timed_post(client: Any, url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """Milliseconds and answers of one ``POST /v1/systemone``; a status other than 200 raises, naming it and the
-    answer. The body is encoded before the clock starts: a 1024 x 768 PNG of noise makes a 3.1 MB JSON text, and
-    encoding it in the client took about 8 ms on a 2-core machine (BENCHMARKS.md, R37), no part of the server's
-    latency."""
+def timed_post(
+    client: Any, url: str, body: dict[str, Any], request_id: str | None = None
+) -> tuple[float, dict[str, Any]]:
+    """Milliseconds and answers of one ``POST /v1/systemone`` (with ``request_id`` as its ``x-request-id``); a
+    status other than 200 raises, naming it and the answer. The body is encoded before the clock starts: a 1024 x 768
+    PNG of noise makes a 3.1 MB JSON text, and encoding it in the client took about 8 ms on a 2-core machine
+    (BENCHMARKS.md, R37), no part of the server's latency."""
     payload = json.dumps(body, separators=(",", ":")).encode()
+    headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, "x-request-id": request_id}
     started = time.perf_counter()
-    response = client.post(f"{url}/v1/systemone", content=payload, headers=JSON_HEADERS)
+    response = client.post(f"{url}/v1/systemone", content=payload, headers=headers)
     elapsed = 1000 * (time.perf_counter() - started)
     if response.status_code != 200:
         raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")

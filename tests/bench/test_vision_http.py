@@ -66,6 +66,13 @@ def test_timed_post_sends_the_body_as_encoded_json_bytes() -> None:
     assert json.loads(sent["content"]) == body and sent["headers"] == {"content-type": "application/json"}
 
 
+def test_timed_post_sends_a_request_id_when_given_one() -> None:
+    client = RecordingClient()
+    timed_post(client, "http://server", {"model": "m"}, request_id="r-1")
+    ((_url, sent),) = client.posts
+    assert sent["headers"] == {"content-type": "application/json", "x-request-id": "r-1"}
+
+
 def test_timed_post_raises_on_an_error_status() -> None:
     with pytest.raises(RuntimeError, match="HTTP 422"):
         timed_post(RecordingClient(status=422), "http://server", {"model": "m"})
