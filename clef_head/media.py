@@ -329,10 +329,13 @@ def encode_media(
     digest: bytes,
     image_processor: ImageProcessor | None = None,
     video_processor: VideoProcessor | None = None,
+    pixel_dtype: torch.dtype | None = None,
 ) -> EncodedMedia:
     """The token ids and tensors of ``images`` and ``videos`` (at least one of them), placed as the original
     release code places them (images first); ``digest``: :func:`media_digest` of their files. Each kind needs
-    its processor."""
+    its processor. ``pixel_dtype``: the dtype of the vision tower that reads the pixels (``None``: the processors'
+    float32). The tower casts its pixels to its own dtype before anything else, so casting them here gives it the
+    same values; a bfloat16 tower's pixels then take half the bytes wherever they travel."""
     if not images and not videos:
         raise ValueError("encode_media needs at least one image or video")
     start, end, image_pad, video_pad = (
@@ -345,6 +348,8 @@ def encode_media(
             raise ValueError("images need the image processor")
         processed = image_processor(images=list(images), return_tensors="pt")
         pixel_values, image_grid = processed["pixel_values"], processed["image_grid_thw"]
+        if pixel_dtype is not None:
+            pixel_values = pixel_values.to(pixel_dtype)
         for row in image_grid.tolist():
             tokens.add([start])
             tokens.add([image_pad] * ((row[0] * row[1] * row[2]) // image_processor.merge_size**2), IMAGE_TOKEN_TYPE)
@@ -362,6 +367,8 @@ def encode_media(
             return_tensors="pt",
         )
         video_pixels, video_grid = processed["pixel_values_videos"], processed["video_grid_thw"]
+        if pixel_dtype is not None:
+            video_pixels = video_pixels.to(pixel_dtype)
         for row, metadata in zip(video_grid.tolist(), processed["video_metadata"], strict=True):
             indices = [int(index) for index in metadata.frames_indices]
             times = frame_timestamps(indices, float(metadata.fps), video_processor.temporal_patch_size)

@@ -52,6 +52,12 @@ class Engine(ABC):
         """Records the engine runs at once (sizes the default admission queue)."""
 
     @property
+    def pixel_dtype(self) -> torch.dtype | None:
+        """The dtype the engine's vision tower reads image and video pixels in (it casts them to it first), which
+        they are made in before they travel to the engine; ``None`` (this default): the processors' float32."""
+        return None
+
+    @property
     def in_flight(self) -> int:
         """Records submitted and not yet answered (used to spread load over data-parallel engines)."""
         return 0

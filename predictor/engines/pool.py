@@ -34,6 +34,11 @@ class EnginePool(Engine):
         return min(engine.max_length for engine in self.engines)
 
     @property
+    def pixel_dtype(self) -> torch.dtype | None:
+        """The first engine's (all engines serve the same release alike)."""
+        return self.engines[0].pixel_dtype
+
+    @property
     def capacity(self) -> int:
         """Records all engines run at once."""
         return sum(engine.capacity for engine in self.engines)

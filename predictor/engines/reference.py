@@ -72,6 +72,11 @@ class TransformersScorer:
         self.head = load_head(self.model_dir, device=self.device, dtype=dtype)
         self.pad_token_id = int(self.tokenizer.pad_token_id)
 
+    @property
+    def pixel_dtype(self) -> torch.dtype | None:
+        """The vision tower's dtype (it casts its pixels to it first); ``None`` without the tower."""
+        return None if self.multimodal is None else self.multimodal.visual.dtype
+
     def encode(self, request: SystemOneRequest) -> EncodedRequest:
         """Prompt ids and layout of one request (state cut to ``max_length``)."""
         return encode_request(self.tokenizer, request, max_length=self.max_length)

@@ -61,6 +61,11 @@ class TransformersEngine(Engine):
         return self.scorer.max_length
 
     @property
+    def pixel_dtype(self) -> torch.dtype | None:
+        """The loaded vision tower's dtype (``None`` without it: a text-only engine)."""
+        return self.scorer.pixel_dtype
+
+    @property
     def capacity(self) -> int:
         """Records per forward pass."""
         return self._batcher.max_batch

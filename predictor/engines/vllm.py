@@ -73,6 +73,12 @@ class VllmEngine(Engine):
         """vLLM's ``max_model_len``."""
         return self._max_length
 
+    @property
+    def pixel_dtype(self) -> torch.dtype:
+        """The model's dtype (vLLM's ``--dtype``): the vision tower's, as vLLM gives its own processor's pixels."""
+        dtype: torch.dtype = self.llm.vllm_config.model_config.dtype
+        return dtype
+
     async def score(self, encoded: EncodedRequest) -> torch.Tensor:
         """Option logits of one prompt (one ``encode`` request to the engine)."""
         params = self._plugin.pooling_params(encoded.layout, len(encoded.input_ids))

@@ -60,12 +60,14 @@ class VisionSettings:
     """Images and videos are read: the release whose processors encode them, and their limits; ``videos``:
     whether the engine answers videos (without, ``videos`` are refused naming the field); ``media_here``: whether
     they are read where this preparation runs (without, a body with any raises :class:`MediaElsewhere` once
-    validated, before any is read)."""
+    validated, before any is read); ``pixel_dtype``: the name of the torch dtype the engine's vision tower reads
+    pixels in, which the pixels are cast to where they are made (``None``: the processors' float32)."""
 
     release_dir: str
     limits: MediaLimits = DEFAULT_MEDIA_LIMITS
     videos: bool = True
     media_here: bool = True
+    pixel_dtype: str | None = None
 
 
 class MediaElsewhere(Exception):
@@ -153,6 +155,8 @@ def read_media(
     resolved = resolve_media(request, parts, vision.limits)
     if not resolved.images and not resolved.videos:
         return resolved.request, None
+    import torch
+
     images = [decode_image(source.data, source.where, vision.limits) for source in resolved.images]
     videos = decode_videos(resolved.videos, vision.limits)
     return resolved.request, encode_media(
@@ -162,6 +166,7 @@ def read_media(
         media_digest(resolved.images, resolved.videos),
         image_processor=release_image_processor(vision.release_dir) if images else None,
         video_processor=release_video_processor(vision.release_dir) if videos else None,
+        pixel_dtype=None if vision.pixel_dtype is None else getattr(torch, vision.pixel_dtype),
     )
 
 

@@ -89,7 +89,12 @@ class SystemOneService:
         inline_encode_max_bytes: int = DEFAULT_INLINE_ENCODE_MAX_BYTES,
     ) -> None:
         self.engine = engine
-        self.vision = vision
+        pixel_dtype = engine.pixel_dtype
+        self.vision = (
+            vision
+            if vision is None or pixel_dtype is None
+            else replace(vision, pixel_dtype=str(pixel_dtype).removeprefix("torch."))
+        )
         self.card = card
         self.lifecycle = lifecycle
         self.limits = limits

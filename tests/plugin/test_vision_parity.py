@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import io
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +144,43 @@ def test_images_and_videos_are_answered_as_the_transformers_engine_answers(
     logits = [clef_plugin.option_logits(output) for output in outputs]
     assert_parity("vllm cpu, bf16, images and videos", encoded, expected, logits, TOLERANCE)
     assert encoded[4].input_ids == encoded[-1].input_ids and not torch.equal(logits[4], logits[-1])
+
+
+def test_pixels_in_the_models_dtype_are_answered_to_the_bit_as_float32_pixels(
+    llm: Any, reference: tuple[list[EncodedRequest], list[torch.Tensor]]
+) -> None:
+    """The predictor makes pixels in the engine's dtype (``Engine.pixel_dtype``: the model's): vLLM's vision tower
+    casts float32 pixels to it before anything else, so the answers are the same to the bit. Each variant's media
+    is named apart (its digest), so vLLM's encoder cache cannot answer one with the other's embeddings."""
+    encoded, _ = reference
+    dtype = llm.llm_engine.vllm_config.model_config.dtype
+    assert dtype == torch.bfloat16
+    chosen = [encoded[1], encoded[5]]  # two images; an image and two videos
+    variants = []
+    for digest, cast in ((b"\x01" * 32, None), (b"\x02" * 32, dtype)):
+        for item in chosen:
+            media = item.media
+            assert media is not None and media.pixel_values is not None
+            media = replace(
+                media,
+                digest=digest + media.digest,
+                pixel_values=media.pixel_values if cast is None else media.pixel_values.to(cast),
+                pixel_values_videos=(
+                    media.pixel_values_videos
+                    if cast is None or media.pixel_values_videos is None
+                    else media.pixel_values_videos.to(cast)
+                ),
+            )
+            variants.append(replace(item, media=media))
+    assert variants[3].media is not None and variants[3].media.pixel_values_videos is not None
+    assert variants[3].media.pixel_values_videos.dtype == torch.bfloat16
+    tokenizer = llm.get_tokenizer()
+    pad, video_pad = (int(tokenizer.convert_tokens_to_ids(token)) for token in (IMAGE_PAD, VIDEO_PAD))
+    outputs = llm.encode(
+        [clef_plugin.engine_prompt(item, pad, video_pad) for item in variants],
+        pooling_params=[clef_plugin.pooling_params(item.layout, len(item.input_ids)) for item in variants],
+        pooling_task=clef_plugin.POOLING_TASK,
+        use_tqdm=False,
+    )
+    logits = [clef_plugin.option_logits(output) for output in outputs]
+    assert all(torch.equal(logits[index], logits[index + 2]) for index in range(2))

@@ -493,6 +493,36 @@ def test_a_vision_servers_lone_small_body_is_prepared_in_the_serving_process_unl
         engine.close()
 
 
+def test_a_vision_service_makes_pixels_in_its_engines_dtype(toy_release: Path) -> None:
+    import torch
+
+    from predictor.serving.lifecycle import Lifecycle
+    from predictor.serving.prepare import VisionSettings
+    from predictor.serving.service import ModelCard, SystemOneService
+
+    class Engine:
+        tokenizer = None
+        capacity = 1
+        max_length = MAX_MODEL_LEN
+        pixel_dtype: torch.dtype | None = torch.bfloat16
+
+    def service(vision: VisionSettings | None) -> SystemOneService:
+        return SystemOneService(
+            Engine(),  # type: ignore[arg-type]
+            ModelCard(MODEL_NAME, "test", "1970-01-01"),
+            Lifecycle(MODEL_NAME),
+            vision=vision,
+        )
+
+    vision = VisionSettings(str(toy_release))
+    made = service(vision).settings.vision
+    assert made is not None and made.pixel_dtype == "bfloat16" and made.release_dir == str(toy_release)
+    assert service(None).settings.vision is None  # a text server reads no pixels
+    Engine.pixel_dtype = None  # an engine that keeps the processors' float32
+    kept = service(vision).settings.vision
+    assert kept is not None and kept.pixel_dtype is None
+
+
 def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> None:
     from predictor.serving.lifecycle import Lifecycle
     from predictor.serving.prepare import VisionSettings
@@ -502,6 +532,7 @@ def test_which_bodies_are_prepared_in_the_serving_process(toy_release: Path) -> 
         tokenizer = None
         capacity = 1
         max_length = MAX_MODEL_LEN
+        pixel_dtype = None
 
     service = SystemOneService(
         Engine(),  # type: ignore[arg-type]

@@ -72,6 +72,37 @@ def test_worker_tokenizer_prepares_videos_as_the_engine_tokenizer(tiny_release: 
     assert engine.media.digest == worker.media.digest
 
 
+def test_pixels_are_made_in_the_engines_dtype(tiny_release: Path) -> None:
+    """With the engine's vision tower in bfloat16 (``VisionSettings.pixel_dtype``), image and video pixels are the
+    processors' float32 values cast to it, nothing else changed."""
+    tokenizer = ReleaseTokenizer(tiny_release)
+    frames = [base64.b64encode(image_file(64, 48, seed=index)).decode() for index in range(4)]
+    photo = base64.b64encode(PHOTO).decode()
+    body = {**REQUEST, "state": "x", "assets": None, "images": [photo], "videos": [{"frames": frames}]}
+    float32, bfloat16 = (
+        prepare.prepare(
+            tokenizer,
+            PrepareSettings(
+                "clef-flash",
+                DEFAULT_LIMITS,
+                RequestPolicy(),
+                4096,
+                VisionSettings(str(tiny_release), pixel_dtype=dtype),
+            ),
+            body,
+        )[1]
+        for dtype in (None, "bfloat16")
+    )
+    assert float32.media is not None and bfloat16.media is not None
+    assert float32.input_ids == bfloat16.input_ids and float32.media.digest == bfloat16.media.digest
+    for made, kept in (
+        (bfloat16.media.pixel_values, float32.media.pixel_values),
+        (bfloat16.media.pixel_values_videos, float32.media.pixel_values_videos),
+    ):
+        assert made is not None and kept is not None and kept.dtype == torch.float32
+        assert made.dtype == torch.bfloat16 and torch.equal(made, kept.to(torch.bfloat16))
+
+
 def test_an_engine_without_videos_refuses_them_at_their_field(tiny_release: Path) -> None:
     vision = VisionSettings(str(tiny_release), videos=False)
     settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, vision)
@@ -169,7 +200,8 @@ def test_thousands_of_parts_are_refused_before_they_are_split() -> None:
 
 
 def test_an_encode_worker_process_prepares_images(tiny_release: Path) -> None:
-    """A multipart body prepared in a worker process: the prompt and tensors come back equal to the engine's."""
+    """A multipart body prepared in a worker process: the prompt and tensors (in a bfloat16 engine's dtype) come back
+    equal to the engine's."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -177,7 +209,8 @@ def test_an_encode_worker_process_prepares_images(tiny_release: Path) -> None:
     from predictor.serving.encode_pool import EncodePool
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_release)
-    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, VisionSettings(str(tiny_release)))
+    vision = VisionSettings(str(tiny_release), pixel_dtype="bfloat16")
+    settings = PrepareSettings("clef-flash", DEFAULT_LIMITS, RequestPolicy(), 2048, vision)
     raw, content_type = _multipart(REQUEST, {"asset-0": PHOTO})
     pool = EncodePool(tiny_release, 1, tokenizer)
 
@@ -193,3 +226,31 @@ def test_an_encode_worker_process_prepares_images(tiny_release: Path) -> None:
     assert request.state == {"photo": "[image 1]"} and encoded.input_ids == expected.input_ids
     assert encoded.media is not None and expected.media is not None
     assert torch.equal(encoded.media.pixel_values, expected.media.pixel_values)
+    assert encoded.media.pixel_values.dtype == torch.bfloat16
+
+
+def test_the_transformers_engine_answers_pixels_in_its_dtype_to_the_bit(tiny_release: Path) -> None:
+    """A bfloat16 transformers engine's vision tower casts its pixels to bfloat16 first: pixels made in that dtype
+    (its ``pixel_dtype``) are answered exactly as float32 ones."""
+    from predictor.engines.reference import TransformersScorer
+
+    scorer = TransformersScorer(tiny_release, dtype=torch.bfloat16, max_length=2048, vision=True)
+    assert scorer.pixel_dtype == torch.bfloat16
+    photo = base64.b64encode(PHOTO).decode()
+    body = {**REQUEST, "state": "x", "assets": None, "images": [photo]}
+    encoded = [
+        prepare.prepare(
+            scorer.tokenizer,
+            PrepareSettings(
+                "clef-flash",
+                DEFAULT_LIMITS,
+                RequestPolicy(),
+                2048,
+                VisionSettings(str(tiny_release), pixel_dtype=dtype),
+            ),
+            body,
+        )[1]
+        for dtype in (None, "bfloat16")
+    ]
+    float32, bfloat16 = scorer.score(encoded)
+    assert torch.equal(float32, bfloat16)
