@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.load import bench_request
 from bench.vision_http import MODEL_NAME, parse_size, png_data_url, timed_post
-from clef_tools.local_server import NotReady, free_port, http_ok, stop_process, wait_until_ready
+from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
 
 SERVERS = ("text", "vision")
 CLIENTS = ("aiohttp", "vision")
@@ -138,14 +138,19 @@ def run_server(args: argparse.Namespace, kind: str, start: int, log_path: Path) 
     result: dict[str, Any] = {"server": kind, "start": start, "command": " ".join(command)}
     with log_path.open("w") as log_file:
         started = time.perf_counter()
-        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         try:
-            try:
-                wait_until_ready(
-                    server, lambda: http_ok(f"{url}/v1/models/{MODEL_NAME}"), args.ready_timeout, interval=0.5
-                )
-            except NotReady as exc:
-                raise SystemExit(f"{exc}; see {log_path}") from None
+            server = start_and_wait(
+                command,
+                lambda: http_ok(f"{url}/v1/models/{MODEL_NAME}"),
+                args.ready_timeout,
+                interval=0.5,
+                what="the predictor",
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        except NotReady as exc:
+            raise SystemExit(f"{exc}; see {log_path}") from None
+        try:
             result["ready_s"] = round(time.perf_counter() - started, 1)
             if kind == "vision" and args.images:
                 width, height = args.image_size

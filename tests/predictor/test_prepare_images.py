@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from clef_head.encoder import EncodedRequest
 from clef_head.request import DEFAULT_LIMITS
 from predictor.core.errors import BadInput, Unreadable
 from predictor.serving import prepare
@@ -72,6 +73,21 @@ def test_worker_tokenizer_prepares_videos_as_the_engine_tokenizer(tiny_release: 
     assert engine.media.digest == worker.media.digest
 
 
+def _in_each_pixel_dtype(tokenizer: Any, release: Path, body: dict[str, Any]) -> tuple[EncodedRequest, EncodedRequest]:
+    """``body`` prepared with the processors' float32 pixels, then with bfloat16 ones."""
+    float32, bfloat16 = (
+        prepare.prepare(
+            tokenizer,
+            PrepareSettings(
+                "clef-flash", DEFAULT_LIMITS, RequestPolicy(), 4096, VisionSettings(str(release), pixel_dtype=dtype)
+            ),
+            body,
+        )[1]
+        for dtype in (None, "bfloat16")
+    )
+    return float32, bfloat16
+
+
 def test_pixels_are_made_in_the_engines_dtype(tiny_release: Path) -> None:
     """With the engine's vision tower in bfloat16 (``VisionSettings.pixel_dtype``), image and video pixels are the
     processors' float32 values cast to it, nothing else changed."""
@@ -79,20 +95,7 @@ def test_pixels_are_made_in_the_engines_dtype(tiny_release: Path) -> None:
     frames = [base64.b64encode(image_file(64, 48, seed=index)).decode() for index in range(4)]
     photo = base64.b64encode(PHOTO).decode()
     body = {**REQUEST, "state": "x", "assets": None, "images": [photo], "videos": [{"frames": frames}]}
-    float32, bfloat16 = (
-        prepare.prepare(
-            tokenizer,
-            PrepareSettings(
-                "clef-flash",
-                DEFAULT_LIMITS,
-                RequestPolicy(),
-                4096,
-                VisionSettings(str(tiny_release), pixel_dtype=dtype),
-            ),
-            body,
-        )[1]
-        for dtype in (None, "bfloat16")
-    )
+    float32, bfloat16 = _in_each_pixel_dtype(tokenizer, tiny_release, body)
     assert float32.media is not None and bfloat16.media is not None
     assert float32.input_ids == bfloat16.input_ids and float32.media.digest == bfloat16.media.digest
     for made, kept in (
@@ -238,19 +241,5 @@ def test_the_transformers_engine_answers_pixels_in_its_dtype_to_the_bit(tiny_rel
     assert scorer.pixel_dtype == torch.bfloat16
     photo = base64.b64encode(PHOTO).decode()
     body = {**REQUEST, "state": "x", "assets": None, "images": [photo]}
-    encoded = [
-        prepare.prepare(
-            scorer.tokenizer,
-            PrepareSettings(
-                "clef-flash",
-                DEFAULT_LIMITS,
-                RequestPolicy(),
-                2048,
-                VisionSettings(str(tiny_release), pixel_dtype=dtype),
-            ),
-            body,
-        )[1]
-        for dtype in (None, "bfloat16")
-    ]
-    float32, bfloat16 = scorer.score(encoded)
+    float32, bfloat16 = scorer.score(list(_in_each_pixel_dtype(scorer.tokenizer, tiny_release, body)))
     assert torch.equal(float32, bfloat16)
