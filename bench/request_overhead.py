@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_benchmark.timing import percentiles
 from bench.load import bench_request
 from bench.vision_http import MODEL_NAME, parse_size, png_data_url, timed_post
 from clef_tools.local_server import NotReady, free_port, http_ok, start_and_wait, stop_process
@@ -71,16 +71,6 @@ def server_latencies(log: str) -> dict[str, float]:
     return latencies
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    """p50, mean and p95 of milliseconds."""
-    ordered = sorted(values)
-    return {
-        "p50": round(statistics.median(ordered), 3),
-        "mean": round(statistics.fmean(ordered), 3),
-        "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
-    }
-
-
 def overhead(timed: Timed, server: dict[str, float]) -> dict[str, Any]:
     """The client's, the server's and their difference's figures over ``timed``; every request must be logged."""
     missing = [request_id for request_id, _ in timed if request_id not in server]
@@ -88,9 +78,9 @@ def overhead(timed: Timed, server: dict[str, float]) -> dict[str, Any]:
         raise RuntimeError(f"{len(missing)} of {len(timed)} requests are not in the predictor's log, e.g. {missing[0]}")
     return {
         "requests": len(timed),
-        "client_ms": summary([ms for _, ms in timed]),
-        "server_ms": summary([server[request_id] for request_id, _ in timed]),
-        "overhead_ms": summary([ms - server[request_id] for request_id, ms in timed]),
+        "client_ms": percentiles([ms for _, ms in timed]),
+        "server_ms": percentiles([server[request_id] for request_id, _ in timed]),
+        "overhead_ms": percentiles([ms - server[request_id] for request_id, ms in timed]),
     }
 
 

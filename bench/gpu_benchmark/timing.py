@@ -73,10 +73,12 @@ def repeated_rates(records: int, tokens: int, seconds: list[float]) -> dict[str,
 
 
 def percentiles(latencies_ms: list[float]) -> dict[str, float]:
-    """p50/p95/min/max of latencies (ms)."""
+    """p50/mean/p95/min/max of latencies (ms). The mean beside the p50: a lone prompt's time is two-valued (at the
+    512 → 513-token step), and a p50 falls in one mode or the other with the mix of prompts (BENCHMARKS.md, R45)."""
     ordered = sorted(latencies_ms)
     return {
         "p50": round(statistics.median(ordered), 2),
+        "mean": round(statistics.fmean(ordered), 2),
         "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
         "min": round(ordered[0], 2),
         "max": round(ordered[-1], 2),

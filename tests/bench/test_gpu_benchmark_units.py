@@ -81,7 +81,8 @@ def test_repeated_rates_report_the_median_pass_and_the_spread() -> None:
         "max": 1000.0,
         "runs": [500.0, 1000.0, 250.0],
     }
-    assert percentiles([5.0, 1.0, 3.0]) == {"p50": 3.0, "p95": 5.0, "min": 1.0, "max": 5.0, "count": 3}
+    assert percentiles([5.0, 1.0, 3.0]) == {"p50": 3.0, "mean": 3.0, "p95": 5.0, "min": 1.0, "max": 5.0, "count": 3}
+    assert percentiles([1.0, 2.0, 9.0])["mean"] == 4.0
 
 
 def test_variant_compilation_config_is_merged_into_the_mode() -> None:

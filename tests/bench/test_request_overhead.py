@@ -47,7 +47,7 @@ def test_overhead_sets_each_request_beside_its_own_server_time() -> None:
     figures = overhead([("a", 10.0), ("b", 30.0), ("c", 21.0)], {"a": 9.0, "b": 27.0, "c": 20.5, "other": 1.0})
     assert figures["requests"] == 3
     assert figures["client_ms"]["p50"] == 21.0 and figures["server_ms"]["p50"] == 20.5
-    assert figures["overhead_ms"] == {"p50": 1.0, "mean": 1.5, "p95": 3.0}
+    assert figures["overhead_ms"] == {"p50": 1.0, "mean": 1.5, "p95": 3.0, "min": 0.5, "max": 3.0, "count": 3}
 
 
 def test_a_request_missing_from_the_log_fails_the_run() -> None:
