@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.bodies < 1 or args.repeats < 1:
         parser.error("--bodies and --repeats must be at least 1")
+    import torch
+
+    unknown = [name for name in args.pixel_dtypes if not isinstance(getattr(torch, name, None), torch.dtype)]
+    if unknown:
+        parser.error(f"--pixel-dtypes: {', '.join(unknown)} is not a torch dtype")
     if args.release is None:
         from predictor.demo import demo_release
 

@@ -30,3 +30,9 @@ def test_a_run_times_every_phase_for_each_pixel_dtype(capsys: pytest.CaptureFixt
     for line in lines:
         assert all(line[phase] > 0 for phase in PHASES)
         assert line["prepare"] >= line["png"]  # the whole preparation holds the decoding
+
+
+def test_an_unknown_pixel_dtype_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--pixel-dtypes", "float32,bfloat17"])
+    assert "--pixel-dtypes: bfloat17 is not a torch dtype" in capsys.readouterr().err
