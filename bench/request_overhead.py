@@ -113,8 +113,11 @@ def send(client: str, url: str, bodies: list[tuple[str, dict[str, Any]]]) -> Tim
     return asyncio.run(aiohttp_requests(url, bodies)) if client == "aiohttp" else vision_requests(url, bodies)
 
 
-def run_server(args: argparse.Namespace, kind: str, start: int, log_path: Path) -> dict[str, Any]:
-    """One predictor of ``kind``: ready, its images (a vision server), then each client's text bodies."""
+def run_server(
+    args: argparse.Namespace, body: Callable[[str, int], dict[str, Any]], kind: str, start: int, log_path: Path
+) -> dict[str, Any]:
+    """One predictor of ``kind``: ready, its images (a vision server), then each client's text bodies (``body``:
+    :func:`body_source`'s)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "predictor", "--model-name", MODEL_NAME, "--engine", args.engine]
@@ -124,7 +127,6 @@ def run_server(args: argparse.Namespace, kind: str, start: int, log_path: Path) 
     if kind == "vision":
         command.append("--vision")
     command += args.predictor_args
-    body = body_source(json.loads(args.records.read_text()) if args.records else None)
     result: dict[str, Any] = {"server": kind, "start": start, "command": " ".join(command)}
     with log_path.open("w") as log_file:
         started = time.perf_counter()
@@ -181,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--servers takes {','.join(SERVERS)}; --clients takes {','.join(CLIENTS)}")
     if args.starts < 1 or args.requests < 1 or args.warmup < 0 or args.images < 0:
         parser.error("--starts and --requests must be at least 1, --warmup and --images at least 0")
+    body = body_source(json.loads(args.records.read_text()) if args.records else None)
     runs = []
     for start in range(args.starts):
         for kind in args.servers if start % 2 == 0 else reversed(args.servers):
             log_path = args.out.with_name(f"{args.out.stem}-{kind}-{start}.log")
-            runs.append(run_server(args, kind, start, log_path))
+            runs.append(run_server(args, body, kind, start, log_path))
             figures = {client: figures["overhead_ms"] for client, figures in runs[-1]["clients"].items()}
             print(json.dumps({"server": kind, "start": start, "overhead_ms": figures}), flush=True)
             args.out.write_text(json.dumps({"runs": runs}, indent=1))
